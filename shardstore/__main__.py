@@ -1,0 +1,5 @@
+import sys
+
+from shardstore.cli import main
+
+sys.exit(main())

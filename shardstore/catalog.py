@@ -1,0 +1,76 @@
+"""The array catalog: which paths hold arrays, with their geometry and sharding.
+
+Fed by every metadata document the store reads or writes, so that the
+geometry follows zarr (which writes new metadata before the chunks of a grown
+array, and reads it whenever it opens one); a path not yet seen is looked up
+in the inner store. Entries are dropped when their documents are deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from shardstore.inner import InnerStore
+from shardstore.keys import candidate_array_paths, join_path
+from shardstore.metadata import ARRAY_DOC_NAMES, V2_ARRAY, V3_NAME, ArrayInfo, array_info, load_document
+
+__all__ = ["ArrayCatalog"]
+
+
+class ArrayCatalog:
+    def __init__(self, inner: InnerStore) -> None:
+        self._inner = inner
+        # path -> document name -> the array it describes (None: absent, a group, not JSON)
+        self._docs: dict[str, dict[str, ArrayInfo | None]] = {}
+
+    def remember(self, path: str, name: str, raw: bytes | None) -> ArrayInfo | None:
+        """Record what a metadata document read or written through the store says."""
+        if name not in ARRAY_DOC_NAMES:
+            return None
+        doc = None if raw is None else load_document(raw)
+        info = None if doc is None else array_info(path, name, doc)
+        self._docs.setdefault(path, {})[name] = info
+        return info
+
+    def forget(self, prefix: str) -> None:
+        """Drop every path at or below the directory ``prefix`` ("" or ending in "/")."""
+        for path in [p for p in self._docs if join_path(p, "").startswith(prefix)]:
+            del self._docs[path]
+
+    def _known(self, path: str) -> ArrayInfo | None | bool:
+        """The array at ``path`` if the catalog can tell, False if it must look."""
+        docs = self._docs.get(path, {})
+        if docs.get(V3_NAME) is not None:  # zarr prefers zarr.json over .zarray
+            return docs[V3_NAME]
+        if all(n in docs for n in ARRAY_DOC_NAMES):
+            return docs[V2_ARRAY]
+        return False
+
+    async def lookup(self, path: str, *, refresh: bool = False) -> ArrayInfo | None:
+        if refresh:
+            self._docs.pop(path, None)
+        known = self._known(path)
+        if known is not False:
+            return known
+        docs = self._docs.get(path, {})
+        missing = [n for n in ARRAY_DOC_NAMES if n not in docs]
+        raws = await self._inner.get_many([(join_path(path, n), None) for n in missing])
+        for name, raw in zip(missing, raws, strict=True):
+            self.remember(path, name, raw)
+        known = self._known(path)
+        return None if known is False else known
+
+    async def array_for_key(self, key: str, *, refresh: bool = False) -> ArrayInfo | None:
+        """The array whose chunk keys ``key`` is written like (whatever its rank), if any."""
+        for path in candidate_array_paths(key):
+            info = await self.lookup(path, refresh=refresh)
+            if info is not None and info.looks_like_chunk_key(key):
+                return info
+        return None
+
+    async def sharded_array_around(self, prefix: str) -> ArrayInfo | None:
+        """The sharded array whose directory holds or is ``prefix``, if any."""
+        parts = prefix.split("/")[:-1] if prefix else []
+        paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
+        infos = await asyncio.gather(*(self.lookup(p) for p in paths))
+        return next((i for i in infos if i is not None and i.layout is not None), None)

@@ -1,0 +1,44 @@
+"""Exceptions raised by shardstore.
+
+Every failure a user can cause is a :class:`ShardStoreError` whose message names
+the key or array involved and what is wrong, so that a traceback from deep inside
+zarr still tells which object to look at.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChunkKeyError",
+    "InnerStoreError",
+    "InvalidKeyError",
+    "ShardFormatError",
+    "ShardStoreError",
+    "ShardingConfigError",
+]
+
+
+class ShardStoreError(Exception):
+    """Base class of every error shardstore raises on purpose."""
+
+
+class ShardingConfigError(ShardStoreError, ValueError):
+    """A sharding configuration is invalid (given by the user or found in metadata)."""
+
+
+class ShardFormatError(ShardStoreError, ValueError):
+    """A shard object is corrupt or truncated: its index cannot be trusted."""
+
+
+class ChunkKeyError(ShardStoreError, KeyError):
+    """A chunk key that is malformed or outside its array's chunk grid."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidKeyError(ShardStoreError, ValueError):
+    """A key that could escape the store's root (``..`` segments, leading ``/``)."""
+
+
+class InnerStoreError(ShardStoreError, OSError):
+    """The wrapped store failed; the original exception is the ``__cause__``."""

@@ -1,0 +1,162 @@
+"""The shard binary format: pure functions, no I/O.
+
+A shard is the encoded chunks followed (or, with ``index_location="start"``,
+preceded) by an index of ``prod(chunks_per_shard)`` little-endian
+``(offset, nbytes)`` uint64 pairs in C order, optionally followed by a crc32c
+of the index. This is byte-for-byte the ``sharding_indexed`` codec v1.0 format,
+so the same objects can be described either by the ZEP 2 storage transformer or
+by the codec. Absent chunks have both fields set to ``2**64 - 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import google_crc32c
+import numpy as np
+import numpy.typing as npt
+
+from shardstore.errors import ShardFormatError
+
+__all__ = [
+    "MISSING",
+    "IndexLocation",
+    "ShardIndex",
+    "ShardLayout",
+    "build_shard",
+    "decode_index",
+    "encode_index",
+    "split_shard",
+]
+
+MISSING = 2**64 - 1
+_ENTRY_NBYTES = 16
+_CHECKSUM_NBYTES = 4
+_U64 = np.dtype("<u8")
+
+IndexLocation = Literal["start", "end"]
+ShardIndex = npt.NDArray[np.uint64]
+"""An ``(n, 2)`` array of ``(offset, nbytes)`` pairs, one row per chunk position."""
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Everything needed to read or write the shards of one array."""
+
+    chunks_per_shard: tuple[int, ...]
+    index_location: IndexLocation = "end"
+    index_checksum: bool = False
+
+    @property
+    def n_chunks(self) -> int:
+        return math.prod(self.chunks_per_shard)
+
+    @property
+    def index_nbytes(self) -> int:
+        return self.n_chunks * _ENTRY_NBYTES + (_CHECKSUM_NBYTES if self.index_checksum else 0)
+
+    def data_bounds(self, shard_nbytes: int) -> tuple[int, int]:
+        """The byte range of a shard of that size that chunks may occupy."""
+        if self.index_location == "start":
+            return self.index_nbytes, shard_nbytes
+        return 0, shard_nbytes - self.index_nbytes
+
+    def index_slice(self, shard_nbytes: int) -> slice:
+        if self.index_location == "start":
+            return slice(0, self.index_nbytes)
+        return slice(shard_nbytes - self.index_nbytes, shard_nbytes)
+
+
+def empty_index(layout: ShardLayout) -> ShardIndex:
+    return np.full((layout.n_chunks, 2), MISSING, dtype=np.uint64)
+
+
+def encode_index(layout: ShardLayout, index: ShardIndex) -> bytes:
+    raw = np.ascontiguousarray(index, dtype=_U64).tobytes()
+    if layout.index_checksum:
+        raw += google_crc32c.value(raw).to_bytes(_CHECKSUM_NBYTES, "little")
+    return raw
+
+
+def decode_index(layout: ShardLayout, raw: bytes | memoryview, key: str) -> ShardIndex:
+    """Parse and check an index read from shard ``key`` (pairs and checksum only).
+
+    Ranges can only be checked against the shard's size, see :func:`check_ranges`.
+    """
+    if len(raw) != layout.index_nbytes:
+        raise ShardFormatError(
+            f"shard {key!r}: expected an index of {layout.index_nbytes} bytes, "
+            f"found {len(raw)} (object truncated or not a shard of this array)"
+        )
+    entries = memoryview(raw)[: layout.n_chunks * _ENTRY_NBYTES]
+    if layout.index_checksum:
+        stored = int.from_bytes(bytes(raw[-_CHECKSUM_NBYTES:]), "little")
+        actual = google_crc32c.value(bytes(entries))
+        if stored != actual:
+            raise ShardFormatError(
+                f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, "
+                f"computed {actual:#010x})"
+            )
+    index = np.frombuffer(entries, dtype=_U64).reshape(layout.n_chunks, 2).astype(np.uint64)
+    half_empty = (index[:, 0] == MISSING) != (index[:, 1] == MISSING)
+    if half_empty.any():
+        pos = int(np.flatnonzero(half_empty)[0])
+        raise ShardFormatError(
+            f"shard {key!r}: index entry {pos} has only one of offset/nbytes marked empty "
+            f"({int(index[pos, 0])}, {int(index[pos, 1])})"
+        )
+    return index
+
+
+def check_ranges(layout: ShardLayout, index: ShardIndex, shard_nbytes: int, key: str) -> None:
+    """Raise unless every present chunk lies inside the shard's data area."""
+    lo, hi = layout.data_bounds(shard_nbytes)
+    offsets, nbytes = index[:, 0], index[:, 1]
+    present = offsets != MISSING
+    # Compare as ``nbytes > hi - offset`` so that huge values cannot overflow.
+    hi_u = np.uint64(max(hi, 0))
+    bad = present & ((offsets < np.uint64(lo)) | (offsets > hi_u) | (nbytes > hi_u - np.minimum(offsets, hi_u)))
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise ShardFormatError(
+            f"shard {key!r}: chunk {pos} claims bytes [{int(offsets[pos])}, "
+            f"{int(offsets[pos]) + int(nbytes[pos])}) outside the data area [{lo}, {hi}) "
+            f"of a {shard_nbytes}-byte shard"
+        )
+
+
+def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:
+    return np.flatnonzero(index[:, 0] != MISSING)
+
+
+def split_shard(layout: ShardLayout, blob: bytes, key: str) -> dict[int, bytes]:
+    """The chunks of a whole shard object, by position, after checking its index."""
+    if len(blob) < layout.index_nbytes:
+        raise ShardFormatError(
+            f"shard {key!r}: object has {len(blob)} bytes, fewer than its "
+            f"{layout.index_nbytes}-byte index"
+        )
+    index = decode_index(layout, memoryview(blob)[layout.index_slice(len(blob))], key)
+    check_ranges(layout, index, len(blob), key)
+    return {
+        int(pos): blob[int(index[pos, 0]) : int(index[pos, 0]) + int(index[pos, 1])]
+        for pos in present_positions(index)
+    }
+
+
+def build_shard(layout: ShardLayout, chunks: Mapping[int, bytes]) -> bytes:
+    """A compact shard holding ``chunks`` (position -> encoded bytes) in position order."""
+    positions = sorted(chunks)
+    sizes = np.fromiter((len(chunks[p]) for p in positions), dtype=np.uint64, count=len(positions))
+    base = layout.index_nbytes if layout.index_location == "start" else 0
+    offsets = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(base)
+    index = empty_index(layout)
+    if positions:
+        index[positions, 0] = offsets
+        index[positions, 1] = sizes
+    body = b"".join(chunks[p] for p in positions)
+    raw_index = encode_index(layout, index)
+    return raw_index + body if layout.index_location == "start" else body + raw_index

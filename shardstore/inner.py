@@ -1,0 +1,438 @@
+"""Adapters that give every kind of wrapped storage the same small async API.
+
+shardstore needs only whole and ranged reads (singly and batched), writes,
+deletes, sizes and listings. Each adapter maps those onto its storage's own
+primitives: a zarr ``Store``, an fsspec file system (its async API where it
+has one, threads otherwise), local files (replaced atomically), or a plain
+mapping. Failures other than "not found" become :class:`InnerStoreError`
+naming the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.mapping import FSMap
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore
+
+from shardstore.errors import InnerStoreError
+
+__all__ = [
+    "FsspecInner",
+    "InnerStore",
+    "LocalInner",
+    "MappingInner",
+    "ZarrInner",
+    "adapt",
+]
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _failure(op: str, key: str) -> Iterator[None]:
+    """Turn a storage failure into an InnerStoreError naming the operation and key."""
+    try:
+        yield
+    except InnerStoreError:
+        raise
+    except Exception as exc:
+        raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def slice_range(value: bytes, byte_range: ByteRequest | None) -> bytes:
+    """Apply a byte request to a whole value (short data past the end, like zarr's stores)."""
+    if byte_range is None:
+        return value
+    if isinstance(byte_range, RangeByteRequest):
+        return value[byte_range.start : byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return value[byte_range.offset :]
+    if isinstance(byte_range, SuffixByteRequest):
+        return value[max(len(value) - byte_range.suffix, 0) :]
+    raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+
+def _names_under(keys: Iterator[str] | list[str], prefix: str) -> list[str]:
+    """First path segments below ``prefix`` (which is "" or ends with "/")."""
+    return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys if k.startswith(prefix) and k != prefix})
+
+
+class InnerStore(ABC):
+    """The wrapped storage as seen by the sharding layer."""
+
+    @abstractmethod
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None: ...
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        """Several reads in one batch; adapters with a batched range API override this."""
+        return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+
+    @abstractmethod
+    async def set(self, key: str, value: bytes) -> None: ...
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+
+    @abstractmethod
+    async def getsize(self, key: str) -> int | None: ...
+
+    async def exists(self, key: str) -> bool:
+        return await self.getsize(key) is not None
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]: ...
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
+
+
+class ZarrInner(InnerStore):
+    """Any ``zarr.abc.store.Store``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ZarrInner) and self.store == other.store
+
+    def __repr__(self) -> str:
+        return repr(self.store)
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        with _failure("read", key):
+            buf = await self.store.get(key, default_buffer_prototype(), byte_range)
+        return None if buf is None else buf.to_bytes()
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        with _failure("read", requests[0][0] if requests else ""):
+            bufs = await self.store.get_partial_values(default_buffer_prototype(), list(requests))
+        return [None if b is None else b.to_bytes() for b in bufs]
+
+    async def set(self, key: str, value: bytes) -> None:
+        with _failure("write", key):
+            await self.store.set(key, default_buffer_prototype().buffer.from_bytes(value))
+
+    async def delete(self, key: str) -> None:
+        with _failure("delete", key):
+            await self.store.delete(key)
+
+    async def getsize(self, key: str) -> int | None:
+        with _failure("size", key):
+            try:
+                return await self.store.getsize(key)
+            except FileNotFoundError:
+                return None
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            async for key in self.store.list_prefix(prefix):
+                yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            async for name in self.store.list_dir(prefix):
+                yield name
+
+
+class MappingInner(InnerStore):
+    """A plain ``MutableMapping[str, bytes]`` (a dict, a zarr v2 style store, ...)."""
+
+    def __init__(self, mapping: MutableMapping[str, Any]) -> None:
+        self.mapping = mapping
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MappingInner) and (
+            self.mapping is other.mapping or self.mapping == other.mapping
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self.mapping).__name__}@{id(self.mapping):#x}"
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        with _failure("read", key):
+            try:
+                value = self.mapping[key]
+            except KeyError:
+                return None
+            return slice_range(bytes(value), byte_range)
+
+    async def set(self, key: str, value: bytes) -> None:
+        with _failure("write", key):
+            self.mapping[key] = value
+
+    async def delete(self, key: str) -> None:
+        with _failure("delete", key):
+            self.mapping.pop(key, None)
+
+    async def getsize(self, key: str) -> int | None:
+        with _failure("size", key):
+            value = self.mapping.get(key)
+            return None if value is None else len(value)
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            keys = [k for k in list(self.mapping) if k.startswith(prefix)]
+        for key in keys:
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            names = _names_under(list(self.mapping), prefix)
+        for name in names:
+            yield name
+
+
+class LocalInner(InnerStore):
+    """A local directory. Objects are replaced atomically (temporary file, then
+    rename), so neither a concurrent reader nor a crash ever sees half a shard."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalInner) and self.root == other.root
+
+    def __repr__(self) -> str:
+        return f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        with _failure("read", key):
+            return await asyncio.to_thread(self._read, self._path(key), byte_range)
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        # One thread hop for the whole batch: local reads are fast, hops are not.
+        with _failure("read", requests[0][0] if requests else ""):
+            return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
+
+    @staticmethod
+    def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                if byte_range is None:
+                    return f.read()
+                if isinstance(byte_range, RangeByteRequest):
+                    f.seek(byte_range.start)
+                    return f.read(max(byte_range.end - byte_range.start, 0))
+                if isinstance(byte_range, OffsetByteRequest):
+                    f.seek(byte_range.offset)
+                    return f.read()
+                if isinstance(byte_range, SuffixByteRequest):
+                    f.seek(max(os.fstat(f.fileno()).st_size - byte_range.suffix, 0))
+                    return f.read()
+                raise TypeError(f"Unexpected byte_range, got {byte_range}")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    async def set(self, key: str, value: bytes) -> None:
+        with _failure("write", key):
+            await asyncio.to_thread(self._write, self._path(key), value)
+
+    @staticmethod
+    def _write(path: Path, value: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(value)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def delete(self, key: str) -> None:
+        with _failure("delete", key):
+            await asyncio.to_thread(self._path(key).unlink, missing_ok=True)
+
+    async def getsize(self, key: str) -> int | None:
+        with _failure("size", key):
+            try:
+                path = self._path(key)
+                return path.stat().st_size if path.is_file() else None
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+
+    def _walk(self, prefix: str) -> list[str]:
+        base, _, _ = prefix.rpartition("/")
+        top = self._path(base)
+        keys: list[str] = []
+        for dirpath, _dirs, files in os.walk(top):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in files:
+                if name.endswith(".partial"):
+                    continue
+                key = name if rel == "." else f"{rel}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return keys
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            keys = await asyncio.to_thread(self._walk, prefix)
+        for key in keys:
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        # From the files below, so that empty directories left by deletes are not reported.
+        with _failure("list", prefix):
+            names = _names_under(await asyncio.to_thread(self._walk, prefix), prefix)
+        for name in names:
+            yield name
+
+
+class FsspecInner(InnerStore):
+    """An fsspec file system below ``root``: its async API where it has one, else
+    its sync API in worker threads (inline for the in-memory file system)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self._async_fs = _asynchronous_copy(fs)
+        self._inline = isinstance(fs, MemoryFileSystem)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FsspecInner) and self.fs == other.fs and self.root == other.root
+
+    def __repr__(self) -> str:
+        return f"{self.fs.protocol}:{self.root}"
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._async_fs is not None:
+            return await getattr(self._async_fs, "_" + name)(*args, **kwargs)
+        method: Callable[..., Any] = getattr(self.fs, name)
+        if self._inline:
+            return method(*args, **kwargs)
+        return await asyncio.to_thread(method, *args, **kwargs)
+
+    @staticmethod
+    def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
+        if byte_range is None:
+            return None, None
+        if isinstance(byte_range, RangeByteRequest):
+            return byte_range.start, byte_range.end
+        if isinstance(byte_range, OffsetByteRequest):
+            return byte_range.offset, None
+        if isinstance(byte_range, SuffixByteRequest):
+            return -byte_range.suffix, None
+        raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        start, end = self._limits(byte_range)
+        with _failure("read", key):
+            try:
+                return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+            except (OSError, ValueError):
+                if start is None or start >= 0:
+                    raise
+                # A suffix longer than the object: some file systems refuse to seek before 0.
+                whole = await self.get(key)
+                return None if whole is None else slice_range(whole, byte_range)
+
+    async def set(self, key: str, value: bytes) -> None:
+        with _failure("write", key):
+            path = self._path(key)
+            parent = path.rpartition("/")[0]
+            if parent and not isinstance(self.fs, MemoryFileSystem):
+                await self._call("makedirs", parent, exist_ok=True)
+            await self._call("pipe_file", path, value)
+
+    async def delete(self, key: str) -> None:
+        with _failure("delete", key):
+            try:
+                await self._call("rm_file", self._path(key))
+            except FileNotFoundError:
+                pass
+
+    async def getsize(self, key: str) -> int | None:
+        with _failure("size", key):
+            try:
+                info = await self._call("info", self._path(key))
+            except FileNotFoundError:
+                return None
+            return int(info["size"]) if info.get("type") == "file" else None
+
+    async def _find(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rpartition("/")[0])
+        try:
+            paths = await self._call("find", base)
+        except FileNotFoundError:
+            return []
+        cut = len(self.root) + 1 if self.root else 0
+        keys = [p[cut:] if p.startswith(self.root) else p for p in map(self.fs._strip_protocol, paths)]
+        return [k for k in keys if k.startswith(prefix)]
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            keys = await self._find(prefix)
+        for key in keys:
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with _failure("list", prefix):
+            names = _names_under(await self._find(prefix), prefix)
+        for name in names:
+            yield name
+
+
+def _asynchronous_copy(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem | None:
+    """An instance of an async file system usable from the caller's event loop."""
+    if not getattr(fs, "async_impl", False):
+        return None
+    if getattr(fs, "asynchronous", False):
+        return fs
+    try:
+        spec = json.loads(fs.to_json())
+        spec["asynchronous"] = True
+        return fsspec.AbstractFileSystem.from_json(json.dumps(spec))
+    except Exception:  # not serialisable: use its sync API in threads instead
+        return None
+
+
+def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerStore:
+    """The adapter for whatever the user passed as the inner store."""
+    if isinstance(inner, InnerStore):
+        return inner
+    if isinstance(inner, str | os.PathLike):
+        fs, root = fsspec.url_to_fs(str(inner), **(storage_options or {}))
+        return _from_fs(fs, root)
+    if storage_options:
+        raise TypeError("storage_options only apply when the inner store is given as a URL")
+    if isinstance(inner, FSMap):
+        return _from_fs(inner.fs, inner.root)
+    if isinstance(inner, LocalStore):
+        return LocalInner(inner.root)
+    if isinstance(inner, Store):
+        return ZarrInner(inner)
+    if isinstance(inner, MutableMapping):
+        return MappingInner(inner)
+    raise TypeError(
+        f"cannot wrap {type(inner).__name__}: pass an fsspec mapper, a URL, a zarr Store or a MutableMapping"
+    )
+
+
+def _from_fs(fs: fsspec.AbstractFileSystem, root: str) -> InnerStore:
+    if isinstance(fs, LocalFileSystem):
+        return LocalInner(root)
+    return FsspecInner(fs, root)

@@ -1,0 +1,136 @@
+"""Key grammar: which keys are chunk keys, and how chunks map into shards.
+
+Pure functions over strings and numpy arrays; the store decides what to do
+with the answers. A chunk key is the array's path, ``/``, then the array's
+chunk key encoding of the chunk's grid coordinates; its shard key is the same
+encoding of the coordinates floor-divided by ``chunks_per_shard``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from shardstore.errors import InvalidKeyError
+
+__all__ = [
+    "ChunkKeyGrammar",
+    "candidate_array_paths",
+    "check_key",
+    "chunk_coords_in_shard",
+    "join_path",
+    "locate_chunks",
+]
+
+_INT = re.compile(r"0|[1-9][0-9]*")
+_DOTTED = re.compile(r"(?:c|0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
+
+Separator = Literal["/", "."]
+
+
+def check_key(key: str) -> None:
+    """Reject keys that could escape the root of a file-system store."""
+    if key.startswith("/") or ".." in key.split("/"):
+        raise InvalidKeyError(f"invalid key {key!r}: keys may not start with '/' or contain '..'")
+
+
+def join_path(path: str, name: str) -> str:
+    """``path/name``, where the root path is ``""``."""
+    return f"{path}/{name}" if path else name
+
+
+@dataclass(frozen=True)
+class ChunkKeyGrammar:
+    """One array's chunk key encoding, relative to the array's directory.
+
+    ``default`` is zarr v3's ``c/1/2`` (or ``c.1.2``; ``c`` for 0-d) and ``v2``
+    is zarr v2's ``1.2`` (or ``1/2``; ``0`` for 0-d), used by v2 arrays and by
+    v3 arrays with the ``v2`` chunk key encoding.
+    """
+
+    kind: Literal["default", "v2"]
+    separator: Separator
+
+    def encode(self, coords: tuple[int, ...] | list[int]) -> str:
+        body = self.separator.join(map(str, coords))
+        if self.kind == "default":
+            return f"c{self.separator}{body}" if body else "c"
+        return body or "0"
+
+    def decode(self, tail: str) -> tuple[int, ...] | None:
+        """Coordinates of any rank if ``tail`` is written in this encoding, else None.
+
+        ``v2``'s ``0`` reads as ``(0,)``: only the array's rank tells it from the
+        0-d key, see :meth:`decode_rank`.
+        """
+        if self.kind == "default":
+            if tail == "c":
+                return ()
+            if not tail.startswith("c" + self.separator):
+                return None
+            tail = tail[2:]
+        parts = tail.split(self.separator)
+        if all(_INT.fullmatch(p) for p in parts):
+            return tuple(int(p) for p in parts)
+        return None
+
+    def decode_rank(self, tail: str, ndim: int) -> tuple[int, ...] | None:
+        coords = self.decode(tail)
+        if ndim == 0 and self.kind == "v2":
+            return () if coords == (0,) else None
+        return coords if coords is not None and len(coords) == ndim else None
+
+    def common_prefix(self, ndim: int) -> str:
+        """The prefix every chunk key of an array of that rank starts with."""
+        if self.kind == "default":
+            return "c" + self.separator if ndim else "c"
+        return "" if ndim else "0"
+
+
+def candidate_array_paths(key: str) -> list[str]:
+    """Array paths under which ``key`` would be a chunk key in some encoding.
+
+    Found from the key's shape alone (trailing integer segments, a ``c``
+    segment, a dotted last segment); the store confirms with metadata. Most
+    likely first: the ``default`` encoding's ``.../c/...`` form.
+    """
+    segs = key.split("/")
+    n = len(segs)
+    j = n
+    while j > 0 and _INT.fullmatch(segs[j - 1]):
+        j -= 1
+    cuts: list[int] = []
+    if j > 0 and segs[j - 1] == "c":
+        cuts.append(j - 1)
+    if _DOTTED.fullmatch(segs[-1]):
+        cuts.append(n - 1)
+    cuts.extend(range(j, n))
+    seen: dict[str, None] = {}
+    for cut in cuts:
+        seen.setdefault("/".join(segs[:cut]), None)
+    return list(seen)
+
+
+def locate_chunks(
+    coords: npt.ArrayLike, chunks_per_shard: tuple[int, ...]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """Shard coordinates and C-order position in the shard, for rows of chunk coordinates."""
+    grid = np.asarray(coords, dtype=np.int64).reshape(-1, len(chunks_per_shard))
+    cps = np.asarray(chunks_per_shard, dtype=np.int64)
+    shard = grid // cps
+    if not chunks_per_shard:
+        return shard, np.zeros(len(grid), dtype=np.intp)
+    pos = np.ravel_multi_index(tuple((grid % cps).T), chunks_per_shard)
+    return shard, np.asarray(pos, dtype=np.intp)
+
+
+def chunk_coords_in_shard(
+    shard_coords: tuple[int, ...], chunks_per_shard: tuple[int, ...]
+) -> npt.NDArray[np.int64]:
+    """Chunk coordinates of every position of a shard, one row per position in C order."""
+    local = np.indices(chunks_per_shard, dtype=np.int64).reshape(len(chunks_per_shard), -1).T
+    return local + np.asarray(shard_coords, dtype=np.int64) * np.asarray(chunks_per_shard, dtype=np.int64)

@@ -1,0 +1,331 @@
+"""Metadata handling: the sharding config in array metadata documents.
+
+Stored documents carry the config as a ZEP 2 storage transformer entry; the
+documents zarr reads have it removed (zarr-python 3 refuses a non-empty
+``storage_transformers``) and the documents zarr writes get it back. Pure
+functions over parsed JSON; the store does the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from shardstore.errors import ShardingConfigError
+from shardstore.format import ShardLayout
+from shardstore.keys import ChunkKeyGrammar, join_path
+
+__all__ = [
+    "ArrayInfo",
+    "ChunksPerShard",
+    "ShardingPolicy",
+    "array_info",
+    "dump_document",
+    "inject_layout",
+    "load_document",
+    "strip_document",
+]
+
+V3_NAME = "zarr.json"
+V2_ARRAY = ".zarray"
+V2_CONSOLIDATED = ".zmetadata"
+METADATA_NAMES = frozenset({V3_NAME, V2_ARRAY, ".zgroup", ".zattrs", V2_CONSOLIDATED})
+ARRAY_DOC_NAMES = (V3_NAME, V2_ARRAY)
+
+TRANSFORMER_NAME = "sharding"
+_DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
+MAX_CHUNKS_PER_SHARD = 2**24
+"""An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
+
+Document: TypeAlias = dict[str, Any]
+ChunksPerShard: TypeAlias = (
+    Sequence[int]
+    | Mapping[str, Sequence[int]]
+    | Callable[[str, Document], Sequence[int] | None]
+    | None
+)
+
+
+def load_document(raw: bytes) -> Document | None:
+    """The JSON object in ``raw``, or None for anything else (passed through untouched)."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def dump_document(doc: Document) -> bytes:
+    return json.dumps(doc, indent=2, allow_nan=True).encode()
+
+
+def validate_layout(path: str, layout: ShardLayout, ndim: int) -> ShardLayout:
+    """``layout`` if it can shard an array of rank ``ndim`` at ``path``, else raise."""
+    cps = layout.chunks_per_shard
+    where = f"array {path or '/'!r}"
+    if len(cps) != ndim:
+        raise ShardingConfigError(
+            f"{where}: chunks_per_shard {list(cps)} has {len(cps)} entries, the array has {ndim} dimensions"
+        )
+    if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in cps):
+        raise ShardingConfigError(f"{where}: chunks_per_shard {list(cps)} must be positive integers")
+    n = math.prod(cps)
+    if n < 2:
+        raise ShardingConfigError(
+            f"{where}: chunks_per_shard {list(cps)} puts one chunk in each shard; "
+            "leave the array unsharded instead"
+        )
+    if n > MAX_CHUNKS_PER_SHARD:
+        raise ShardingConfigError(
+            f"{where}: chunks_per_shard {list(cps)} makes {n} chunks per shard, more than "
+            f"{MAX_CHUNKS_PER_SHARD} (a {16 * n} byte index is too large to hold in memory)"
+        )
+    if layout.index_location not in ("start", "end"):
+        raise ShardingConfigError(f"{where}: index_location must be 'start' or 'end', not {layout.index_location!r}")
+    if not isinstance(layout.index_checksum, bool):
+        raise ShardingConfigError(f"{where}: index_checksum must be true or false")
+    return layout
+
+
+def _is_our_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    return entry.get("name") == TRANSFORMER_NAME or str(entry.get("extension", "")).endswith(
+        _DRAFT_EXTENSION_SUFFIX
+    )
+
+
+def _layout_from_entry(path: str, entry: Document, ndim: int) -> ShardLayout:
+    """Read our entry in its own form or the ZEP 2 draft's (type beside configuration)."""
+    config = entry.get("configuration")
+    if not isinstance(config, dict):
+        raise ShardingConfigError(f"array {path or '/'!r}: sharding transformer has no configuration object")
+    kind = config.get("type", entry.get("type", "indexed"))
+    if kind != "indexed":
+        raise ShardingConfigError(f"array {path or '/'!r}: unsupported shard format type {kind!r}")
+    cps = config.get("chunks_per_shard")
+    if not isinstance(cps, list):
+        raise ShardingConfigError(f"array {path or '/'!r}: sharding transformer lacks chunks_per_shard")
+    layout = ShardLayout(
+        tuple(cps),
+        index_location=config.get("index_location", "end"),
+        index_checksum=config.get("index_checksum", False),
+    )
+    return validate_layout(path, layout, ndim)
+
+
+def layout_entry(layout: ShardLayout) -> Document:
+    return {
+        "name": TRANSFORMER_NAME,
+        "configuration": {
+            "type": "indexed",
+            "chunks_per_shard": list(layout.chunks_per_shard),
+            "index_location": layout.index_location,
+            "index_checksum": layout.index_checksum,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the store needs to know of one array: geometry, key encoding, sharding."""
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    grammar: ChunkKeyGrammar
+    layout: ShardLayout | None
+    codec_sharded: bool = False
+    """zarr's own ``sharding_indexed`` codec: passed through, never sharded twice."""
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @cached_property
+    def grid_shape(self) -> tuple[int, ...]:
+        # A zero-length chunk (zarr allows it for zero-length dimensions) holds nothing.
+        return tuple(-(-s // c) if c > 0 else 0 for s, c in zip(self.shape, self.chunks, strict=True))
+
+    @cached_property
+    def shard_grid_shape(self) -> tuple[int, ...]:
+        assert self.layout is not None
+        return tuple(-(-g // c) for g, c in zip(self.grid_shape, self.layout.chunks_per_shard, strict=True))
+
+    @property
+    def prefix(self) -> str:
+        """Every key of the array starts with this (``""`` for a root array)."""
+        return join_path(self.path, "")
+
+    @property
+    def chunk_prefix(self) -> str:
+        """Every chunk (and shard) key of the array starts with this."""
+        return self.prefix + self.grammar.common_prefix(self.ndim)
+
+    def tail(self, key: str) -> str | None:
+        return key[len(self.prefix) :] if key.startswith(self.prefix) else None
+
+    def coords(self, key: str) -> tuple[int, ...] | None:
+        """Grid coordinates if ``key`` is one of this array's chunk keys (any position)."""
+        tail = self.tail(key)
+        return None if tail is None else self.grammar.decode_rank(tail, self.ndim)
+
+    def looks_like_chunk_key(self, key: str) -> bool:
+        """Encoded like a chunk key of this array, whatever the rank."""
+        tail = self.tail(key)
+        return tail is not None and self.grammar.decode(tail) is not None
+
+    def key(self, coords: tuple[int, ...] | list[int]) -> str:
+        return self.prefix + self.grammar.encode(coords)
+
+    def in_grid(self, coords: tuple[int, ...]) -> bool:
+        return all(0 <= c < g for c, g in zip(coords, self.grid_shape, strict=True))
+
+    def grid_mask(self, chunk_coords: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which rows of chunk coordinates lie inside the chunk grid."""
+        return np.all(chunk_coords < np.asarray(self.grid_shape, dtype=np.int64), axis=1)
+
+
+def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
+    enc = doc.get("chunk_key_encoding", {"name": "default"})
+    name = enc.get("name") if isinstance(enc, dict) else None
+    sep = (enc.get("configuration") or {}).get("separator") if isinstance(enc, dict) else None
+    if name == "default":
+        return ChunkKeyGrammar("default", sep or "/")
+    if name == "v2":
+        return ChunkKeyGrammar("v2", sep or ".")
+    return None
+
+
+def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
+    """The array described by a stored metadata document, or None if it is no array we can key.
+
+    Raises ShardingConfigError when the document carries a sharding config that
+    is invalid for the array: its shards cannot be read safely.
+    """
+    try:
+        if name == V3_NAME:
+            if doc.get("node_type") != "array":
+                return None
+            grammar = _v3_grammar(doc)
+            grid = doc.get("chunk_grid", {})
+            chunks = grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
+            codec_sharded = any(
+                isinstance(c, dict) and c.get("name") == "sharding_indexed" for c in doc.get("codecs", [])
+            )
+        elif name == V2_ARRAY:
+            grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
+            chunks, codec_sharded = doc.get("chunks"), False
+        else:
+            return None
+        shape = tuple(int(s) for s in doc["shape"])
+        transformers = doc.get("storage_transformers") or []
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    if grammar is None or chunks is None or grammar.separator not in ("/", "."):
+        return None
+    chunks = tuple(int(c) for c in chunks)
+    if len(chunks) != len(shape):
+        return None
+    ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
+    layout = _layout_from_entry(path, ours[0], len(shape)) if ours else None
+    return ArrayInfo(path, shape, chunks, grammar, layout, codec_sharded)
+
+
+def strip_document(name: str, doc: Document) -> bool:
+    """Remove our transformer entries from ``doc`` in place (nested consolidated
+    documents included); True if anything was removed."""
+    changed = _strip_one(doc)
+    for child in consolidated_arrays(name, doc).values():
+        changed |= _strip_one(child)
+    return changed
+
+
+def _strip_one(doc: Document) -> bool:
+    transformers = doc.get("storage_transformers")
+    if not isinstance(transformers, list) or not any(_is_our_entry(t) for t in transformers):
+        return False
+    rest = [t for t in transformers if not _is_our_entry(t)]
+    if rest or doc.get("zarr_format") == 3 or "node_type" in doc:
+        doc["storage_transformers"] = rest
+    else:  # zarr v2 has no such key: leave the document as zarr wrote it
+        del doc["storage_transformers"]
+    return True
+
+
+def inject_layout(doc: Document, layout: ShardLayout) -> None:
+    """Record ``layout`` in an array document in place, replacing any earlier entry."""
+    rest = [t for t in doc.get("storage_transformers") or [] if not _is_our_entry(t)]
+    doc["storage_transformers"] = [layout_entry(layout), *rest]
+
+
+def consolidated_arrays(name: str, doc: Document) -> dict[str, Document]:
+    """Array documents inside consolidated metadata, by array path relative to the group."""
+    if name == V3_NAME:
+        meta = doc.get("consolidated_metadata")
+        entries = meta.get("metadata") if isinstance(meta, dict) else None
+        if not isinstance(entries, dict):
+            return {}
+        return {p: d for p, d in entries.items() if isinstance(d, dict) and d.get("node_type") == "array"}
+    if name == V2_CONSOLIDATED:
+        entries = doc.get("metadata")
+        if not isinstance(entries, dict):
+            return {}
+        suffix = "/" + V2_ARRAY
+        return {
+            ("" if k == V2_ARRAY else k[: -len(suffix)]): d
+            for k, d in entries.items()
+            if isinstance(d, dict) and (k == V2_ARRAY or k.endswith(suffix))
+        }
+    return {}
+
+
+@dataclass(frozen=True)
+class ShardingPolicy:
+    """Decides the sharding of arrays created through the store (never of existing ones)."""
+
+    chunks_per_shard: ChunksPerShard = None
+    index_location: str = "end"
+    index_checksum: bool = False
+
+    def __post_init__(self) -> None:
+        cps = self.chunks_per_shard
+        ok = (
+            cps is None
+            or callable(cps)
+            or isinstance(cps, Mapping)
+            or (isinstance(cps, Sequence) and not isinstance(cps, str | bytes))
+        )
+        if not ok:
+            raise ShardingConfigError(
+                f"chunks_per_shard must be a sequence of ints, a mapping from array path to one, "
+                f"a callable or None, not {type(cps).__name__}"
+            )
+        if self.index_location not in ("start", "end"):
+            raise ShardingConfigError(f"index_location must be 'start' or 'end', not {self.index_location!r}")
+        if isinstance(cps, Sequence) and not isinstance(cps, str | bytes):
+            object.__setattr__(self, "chunks_per_shard", tuple(cps))  # (4, 4) == [4, 4]
+
+    def layout_for(self, path: str, doc: Document, ndim: int) -> ShardLayout | None:
+        cps = self.chunks_per_shard
+        if cps is None:
+            return None
+        if callable(cps):
+            chosen = cps(path, doc)
+        elif isinstance(cps, Mapping):
+            chosen = next((v for k, v in cps.items() if k.strip("/") == path), None)
+        else:
+            chosen = cps if len(cps) == ndim else None  # other ranks stay unsharded
+        if chosen is None:
+            return None
+        if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
+            raise ShardingConfigError(f"array {path or '/'!r}: chunks_per_shard {chosen!r} is not a sequence")
+        layout = ShardLayout(tuple(chosen), self.index_location, self.index_checksum)  # type: ignore[arg-type]
+        return validate_layout(path, layout, ndim)

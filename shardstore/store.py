@@ -1,0 +1,588 @@
+"""ShardingStore: the ZEP 2 sharding storage transformer as a zarr store.
+
+zarr above sees ordinary chunk keys; the inner store below sees shard
+objects. Keys that are not chunk keys of a sharded array pass through
+unchanged. Reads fetch shard indices, then chunk ranges, each round as one
+batch; writes go through a per-shard commit queue; listings read the indices
+so that they report exactly the chunks present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+
+from shardstore.catalog import ArrayCatalog
+from shardstore.commits import CommitQueue, Splice, Update, apply_updates, independent_of_old
+from shardstore.errors import ChunkKeyError, ShardFormatError, ShardingConfigError
+from shardstore.format import (
+    MISSING,
+    ShardLayout,
+    build_shard,
+    check_ranges,
+    decode_index,
+    present_positions,
+    split_shard,
+)
+from shardstore.inner import adapt, slice_range
+from shardstore.keys import check_key, chunk_coords_in_shard, locate_chunks
+from shardstore.metadata import (
+    ARRAY_DOC_NAMES,
+    METADATA_NAMES,
+    ArrayInfo,
+    ChunksPerShard,
+    ShardingPolicy,
+    array_info,
+    consolidated_arrays,
+    dump_document,
+    inject_layout,
+    load_document,
+    strip_document,
+)
+
+__all__ = ["ShardingStore"]
+
+WriteStrategy = Literal["rewrite"]
+ReadStrategy = Literal["auto", "chunk"]
+_LISTING_BATCH = 512
+"""Shard indices read per inner batch while listing."""
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk of a sharded array: which shard holds it, at which index position."""
+
+    info: ArrayInfo
+    key: str
+    shard_key: str
+    shard_coords: tuple[int, ...]
+    position: int
+
+    @property
+    def layout(self) -> ShardLayout:
+        assert self.info.layout is not None
+        return self.info.layout
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """A shard object found in the inner store."""
+
+    info: ArrayInfo
+    key: str
+    coords: tuple[int, ...]
+
+    @property
+    def layout(self) -> ShardLayout:
+        assert self.info.layout is not None
+        return self.info.layout
+
+
+def _locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> _Chunk:
+    assert info.layout is not None
+    shard, pos = locate_chunks([coords], info.layout.chunks_per_shard)
+    shard_coords = tuple(int(c) for c in shard[0])
+    return _Chunk(info, key, info.key(shard_coords), shard_coords, int(pos[0]))
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    path, _, name = key.rpartition("/")
+    return path, name
+
+
+def _index_request(layout: ShardLayout) -> ByteRequest:
+    if layout.index_location == "start":
+        return RangeByteRequest(0, layout.index_nbytes)
+    return SuffixByteRequest(layout.index_nbytes)
+
+
+def _check_byte_range(byte_range: Any) -> None:
+    if byte_range is not None and not isinstance(
+        byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
+    ):
+        raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+
+def _sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
+    """Absolute [start, stop) of a byte request on a chunk stored at [offset, offset + nbytes)."""
+    if byte_range is None:
+        lo, hi = 0, nbytes
+    elif isinstance(byte_range, RangeByteRequest):
+        lo, hi = min(byte_range.start, nbytes), min(byte_range.end, nbytes)
+    elif isinstance(byte_range, OffsetByteRequest):
+        lo, hi = min(byte_range.offset, nbytes), nbytes
+    else:
+        lo, hi = nbytes - min(byte_range.suffix, nbytes), nbytes
+    return offset + lo, offset + max(hi, lo)
+
+
+def _dir(prefix: str) -> str:
+    return prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
+
+
+class ShardingStore(Store):
+    """A zarr store that bundles the chunks of sharded arrays into shard objects.
+
+    ``inner`` is an fsspec mapper, a URL (with ``storage_options``), a zarr
+    store or a mutable mapping. ``chunks_per_shard`` decides the sharding of
+    arrays created through this store (a sequence for every array of its
+    rank, a mapping by array path, a callable ``(path, metadata) ->
+    sequence | None``, or None); existing arrays keep the config recorded in
+    their metadata.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        chunks_per_shard: ChunksPerShard = None,
+        *,
+        layout: Literal["transformer"] = "transformer",
+        read_only: bool = False,
+        index_location: Literal["start", "end"] = "end",
+        index_checksum: bool = False,
+        write_strategy: WriteStrategy = "rewrite",
+        read_strategy: ReadStrategy = "auto",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(read_only=read_only)
+        for name, value, allowed in (
+            ("layout", layout, ("transformer",)),
+            ("write_strategy", write_strategy, ("rewrite",)),
+            ("read_strategy", read_strategy, ("auto", "chunk")),
+        ):
+            if value not in allowed:
+                raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
+        self._inner_arg = inner
+        self._storage_options = storage_options
+        self._inner = adapt(inner, storage_options)
+        self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
+        self._strategies = (layout, write_strategy, read_strategy)
+        self._catalog = ArrayCatalog(self._inner)
+        self._commits: CommitQueue[_Chunk] = CommitQueue(self._commit_shard)
+
+    # -- identity -------------------------------------------------------------
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        layout, write_strategy, read_strategy = self._strategies
+        return {
+            "inner": self._inner_arg,
+            "chunks_per_shard": self._policy.chunks_per_shard,
+            "layout": layout,
+            "index_location": self._policy.index_location,
+            "index_checksum": self._policy.index_checksum,
+            "write_strategy": write_strategy,
+            "read_strategy": read_strategy,
+            "storage_options": self._storage_options,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ShardingStore)
+            and self._inner == other._inner
+            and self._policy == other._policy
+            and self._strategies == other._strategies
+            and self.read_only == other.read_only
+        )
+
+    def __repr__(self) -> str:
+        return f"ShardingStore({self._inner!r}, chunks_per_shard={self._policy.chunks_per_shard!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self._init_kwargs(), "read_only": self.read_only}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def with_read_only(self, read_only: bool = False) -> ShardingStore:
+        return type(self)(**self._init_kwargs(), read_only=read_only)
+
+    @property
+    def inner(self) -> Any:
+        """The wrapped store, as given."""
+        return self._inner_arg
+
+    @property
+    def supports_writes(self) -> bool:
+        return True
+
+    @property
+    def supports_deletes(self) -> bool:
+        return True
+
+    @property
+    def supports_listing(self) -> bool:
+        return True
+
+    # -- key routing ------------------------------------------------------------
+
+    async def _resolve(self, key: str, *, writing: bool = False) -> _Chunk | None | Literal[False]:
+        """Where ``key`` lives: a chunk of a sharded array, None to pass it through,
+        or False for a key written like a chunk key of a sharded array that is none
+        (wrong rank). Writes to such keys, or outside the grid, raise ChunkKeyError."""
+        info = await self._catalog.array_for_key(key)
+        if writing and (info is None or (info.layout is not None and not self._in_grid(info, key))):
+            # The array may have been created or grown through another store instance.
+            info = await self._catalog.array_for_key(key, refresh=True)
+        if info is None or info.layout is None:
+            return None
+        coords = info.coords(key)
+        if writing and (coords is None or not info.in_grid(coords)):
+            what = "outside the chunk grid" if coords is not None else f"not a chunk key of this {info.ndim}-d array"
+            raise ChunkKeyError(
+                f"cannot write {key!r}: {what} of array {info.path or '/'!r} (grid shape {list(info.grid_shape)})"
+            )
+        return False if coords is None else _locate(info, key, coords)
+
+    @staticmethod
+    def _in_grid(info: ArrayInfo, key: str) -> bool:
+        coords = info.coords(key)
+        return coords is not None and info.in_grid(coords)
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        return (await self.get_partial_values(prototype, [(key, byte_range)]))[0]
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        """ZEP 2 ``get_partial_values``: one inner round for the shard indices, one
+        for the chunk ranges and pass-through keys. Ranges on a chunk key address
+        that chunk's own bytes."""
+        requests = list(key_ranges)
+        results: list[bytes | None] = [None] * len(requests)
+        chunks: list[tuple[int, _Chunk, ByteRequest | None]] = []
+        direct: list[tuple[int, str, ByteRequest | None]] = []
+        metadata: list[tuple[int, str, ByteRequest | None]] = []
+        for slot, (key, byte_range) in enumerate(requests):
+            _check_byte_range(byte_range)
+            check_key(key)
+            if _split_key(key)[1] in METADATA_NAMES:
+                metadata.append((slot, key, byte_range))
+                continue
+            where = await self._resolve(key)
+            if where is None:
+                direct.append((slot, key, byte_range))
+            elif where is not False:
+                chunks.append((slot, where, byte_range))
+
+        entries = await self._index_entries([c for _, c, _ in chunks])
+        reads: list[tuple[str, ByteRequest | None]] = []
+        checks: list[tuple[int, _Chunk | None, int]] = []  # slot, chunk, expected length
+        for (slot, chunk, byte_range), entry in zip(chunks, entries, strict=True):
+            if entry is None:
+                continue
+            start, stop = _sub_range(*entry, byte_range)
+            if start == stop:
+                results[slot] = b""
+                continue
+            reads.append((chunk.shard_key, RangeByteRequest(start, stop)))
+            checks.append((slot, chunk, stop - start))
+        for slot, key, byte_range in direct:
+            reads.append((key, byte_range))
+            checks.append((slot, None, -1))
+
+        meta_values, values = await asyncio.gather(
+            asyncio.gather(*(self._get_metadata(key, byte_range) for _, key, byte_range in metadata)),
+            self._inner.get_many(reads) if reads else asyncio.sleep(0, []),
+        )
+        for (slot, _, _), value in zip(metadata, meta_values, strict=True):
+            results[slot] = value
+        for (slot, chunk, expected), value in zip(checks, values, strict=True):
+            if chunk is not None and (value is None or len(value) != expected):
+                raise ShardFormatError(
+                    f"shard {chunk.shard_key!r}: chunk {chunk.key!r} runs past the end of the "
+                    f"shard object (wanted {expected} bytes, got {0 if value is None else len(value)})"
+                )
+            results[slot] = value
+        return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
+
+    async def _index_entries(self, chunks: list[_Chunk]) -> list[tuple[int, int] | None]:
+        """``(offset, nbytes)`` of each chunk, None where absent; one inner batch."""
+        shards = {c.shard_key: _Shard(c.info, c.shard_key, c.shard_coords) for c in chunks}
+        indices = dict(zip(shards, await self._read_indices(list(shards.values())), strict=True))
+        out: list[tuple[int, int] | None] = []
+        for chunk in chunks:
+            index = indices[chunk.shard_key]
+            offset, nbytes = (MISSING, MISSING) if index is None else map(int, index[chunk.position])
+            out.append(None if offset == MISSING else (offset, nbytes))
+        return out
+
+    async def _read_indices(self, shards: list[_Shard]) -> list[np.ndarray | None]:
+        if not shards:
+            return []
+        raws = await self._inner.get_many([(s.key, _index_request(s.layout)) for s in shards])
+        return [None if raw is None else decode_index(s.layout, raw, s.key) for s, raw in zip(shards, raws, strict=True)]
+
+    async def _get_metadata(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        """A metadata document as zarr must see it: without our transformer entry."""
+        path, name = _split_key(key)
+        raw = await self._inner.get(key)
+        self._catalog.remember(path, name, raw)
+        if raw is None:
+            return None
+        doc = load_document(raw)
+        if doc is not None and strip_document(name, doc):
+            raw = dump_document(doc)
+        return slice_range(raw, byte_range)
+
+    async def exists(self, key: str) -> bool:
+        check_key(key)
+        if _split_key(key)[1] in METADATA_NAMES:
+            return await self._get_metadata(key) is not None
+        where = await self._resolve(key)
+        if where is None:
+            return await self._inner.exists(key)
+        return where is not False and (await self._index_entries([where]))[0] is not None
+
+    async def getsize(self, key: str) -> int:
+        check_key(key)
+        if _split_key(key)[1] in METADATA_NAMES:
+            value = await self._get_metadata(key)
+            size = None if value is None else len(value)
+        else:
+            where = await self._resolve(key)
+            if where is None:
+                size = await self._inner.getsize(key)
+            else:
+                entry = None if where is False else (await self._index_entries([where]))[0]
+                size = None if entry is None else entry[1]
+        if size is None:
+            raise FileNotFoundError(key)
+        return size
+
+    async def getsize_prefix(self, prefix: str) -> int:
+        shards, plain = await self._scan(prefix)
+        sizes = await asyncio.gather(*(self._inner.getsize(k) for k in plain))
+        total = sum(s or 0 for s in sizes)
+        async for _, nbytes in self._chunks_in(shards, prefix):
+            total += nbytes
+        return total
+
+    # -- writes --------------------------------------------------------------------
+
+    async def set(self, key: str, value: Buffer) -> None:
+        self._check_writable()
+        if not isinstance(value, Buffer):
+            raise TypeError(f"ShardingStore.set(): `value` must be a Buffer instance. Got {type(value)!r}.")
+        check_key(key)
+        data = value.to_bytes()
+        if _split_key(key)[1] in METADATA_NAMES:
+            await self._set_metadata(key, data)
+            return
+        where = await self._resolve(key, writing=True)
+        if where:
+            await self._commits.submit(where.shard_key, where, {where.position: data})
+        else:
+            await self._inner.set(key, data)
+
+    async def set_partial_values(self, key_start_values: Iterable[tuple[str, int, bytes | bytearray | memoryview]]) -> None:
+        """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
+        per shard, one commit each) or into pass-through objects."""
+        self._check_writable()
+        by_shard: dict[str, tuple[_Chunk, dict[int, list[Update]]]] = {}
+        others: list[tuple[str, int, bytes]] = []
+        for key, start, data in key_start_values:
+            check_key(key)
+            where = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
+            if where:
+                entry = by_shard.setdefault(where.shard_key, (where, {}))
+                entry[1].setdefault(where.position, []).append(Splice(start, bytes(data)))
+            else:
+                others.append((key, start, bytes(data)))
+        await asyncio.gather(*(self._submit_all(chunk, updates) for chunk, updates in by_shard.values()))
+        for key, start, data in others:  # in order: several may touch one key
+            old = await self.get(key, _prototype())
+            new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
+            await self.set(key, _prototype().buffer.from_bytes(new or b""))
+
+    async def _submit_all(self, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
+        # Splices to one position apply in order, so submit them one list at a time.
+        while updates:
+            await self._commits.submit(chunk.shard_key, chunk, {p: ups.pop(0) for p, ups in updates.items()})
+            updates = {p: ups for p, ups in updates.items() if ups}
+
+    async def _set_metadata(self, key: str, raw: bytes) -> None:
+        """Write a metadata document, recording (or keeping) the array's sharding config."""
+        path, name = _split_key(key)
+        doc = load_document(raw)
+        if doc is not None:
+            changed = False
+            if name in ARRAY_DOC_NAMES:
+                layout = await self._layout_for_written(path, name, doc)
+                if layout is not None:
+                    inject_layout(doc, layout)
+                    changed = True
+            children = consolidated_arrays(name, doc)
+            infos = await asyncio.gather(*(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children))
+            for child, info in zip(children.values(), infos, strict=True):
+                if info is not None and info.layout is not None:
+                    inject_layout(child, info.layout)
+                    changed = True
+            if changed:
+                raw = dump_document(doc)
+        await self._inner.set(key, raw)
+        self._catalog.remember(path, name, raw)
+
+    async def _layout_for_written(self, path: str, name: str, doc: dict[str, Any]) -> ShardLayout | None:
+        written = array_info(path, name, doc)
+        if written is None:
+            return None
+        if written.layout is not None:  # the writer recorded a config itself
+            return written.layout
+        existing = await self._catalog.lookup(path)
+        if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
+            return existing.layout  # the same array, resized or re-attributed: keep its config
+        if written.codec_sharded:
+            return None  # zarr's own sharding codec: never shard twice
+        return self._policy.layout_for(path, doc, written.ndim)
+
+    async def _commit_shard(self, shard_key: str, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
+        """Apply updates to one shard as a single all-or-nothing object write."""
+        layout, info = chunk.layout, chunk.info
+        in_grid = np.flatnonzero(info.grid_mask(chunk_coords_in_shard(chunk.shard_coords, layout.chunks_per_shard)))
+        covered = all(independent_of_old(u) for u in updates.values()) and all(
+            p in updates and apply_updates(None, updates[p]) is not None for p in map(int, in_grid)
+        )
+        blob = None if covered else await self._inner.get(shard_key)
+        chunks = {} if blob is None else split_shard(layout, blob, shard_key)
+        for pos, ups in updates.items():
+            value = apply_updates(chunks.get(pos), ups)
+            if value is None:
+                chunks.pop(pos, None)
+            else:
+                chunks[pos] = value
+        if chunks:
+            await self._inner.set(shard_key, build_shard(layout, chunks))
+        elif blob is not None or covered:
+            await self._inner.delete(shard_key)
+
+    # -- deletes -----------------------------------------------------------------
+
+    async def delete(self, key: str) -> None:
+        await self.erase_values([key])
+
+    async def erase_values(self, keys: Iterable[str]) -> None:
+        """ZEP 2 ``erase_values``: chunks are removed from their shards (a shard left
+        empty is deleted); other keys are deleted from the inner store."""
+        self._check_writable()
+        by_shard: dict[str, tuple[_Chunk, dict[int, Update]]] = {}
+        others: list[str] = []
+        for key in keys:
+            check_key(key)
+            where = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key)
+            if where:
+                by_shard.setdefault(where.shard_key, (where, {}))[1][where.position] = None
+            elif where is None:
+                others.append(key)
+        await asyncio.gather(
+            *(self._commits.submit(c.shard_key, c, ups) for c, ups in by_shard.values()),
+            *(self._delete_object(k) for k in others),
+        )
+
+    async def _delete_object(self, key: str) -> None:
+        await self._inner.delete(key)
+        path, name = _split_key(key)
+        self._catalog.remember(path, name, None)
+
+    async def delete_dir(self, prefix: str) -> None:
+        self._check_writable()
+        await self.erase_prefix(_dir(prefix))
+
+    async def erase_prefix(self, prefix: str) -> None:
+        """ZEP 2 ``erase_prefix``: shards wholly under the prefix are deleted without
+        reading them; shards partly under it lose only the chunks under it."""
+        self._check_writable()
+        shards, plain = await self._scan(prefix)
+        whole = [s.key for s in shards if s.info.chunk_prefix.startswith(prefix)]
+        partial = [s for s in shards if not s.info.chunk_prefix.startswith(prefix)]
+        doomed: dict[str, tuple[_Chunk, dict[int, Update]]] = {}
+        for shard, index in zip(partial, await self._read_indices(partial), strict=True):
+            if index is None:
+                continue
+            for pos, key in self._present_keys(shard, index):
+                if key.startswith(prefix):
+                    chunk = _Chunk(shard.info, key, shard.key, shard.coords, pos)
+                    doomed.setdefault(shard.key, (chunk, {}))[1][pos] = None
+        metadata = [k for k in plain if _split_key(k)[1] in METADATA_NAMES]
+        await asyncio.gather(
+            *(self._commits.submit(c.shard_key, c, ups) for c, ups in doomed.values()),
+            *(self._delete_object(k) for k in whole + [k for k in plain if k not in metadata]),
+        )
+        # Metadata last: an interrupted erase never leaves shards without their array.
+        await asyncio.gather(*(self._delete_object(k) for k in metadata))
+
+    # -- listing -------------------------------------------------------------------
+
+    async def _scan(self, prefix: str) -> tuple[list[_Shard], list[str]]:
+        """Inner objects that may hold keys under ``prefix``: shard objects of sharded
+        arrays, and the other keys under the prefix (which pass through)."""
+        around = await self._catalog.sharded_array_around(prefix)
+        inner_prefix = prefix
+        if around is not None and prefix.startswith(around.chunk_prefix):
+            inner_prefix = around.chunk_prefix  # shard keys differ from the chunk keys below
+        shards: list[_Shard] = []
+        plain: list[str] = []
+        async for key in self._inner.list_prefix(inner_prefix):
+            info = await self._catalog.array_for_key(key)
+            coords = info.coords(key) if info is not None and info.layout is not None else None
+            if info is not None and coords is not None:
+                shards.append(_Shard(info, key, coords))
+            elif key.startswith(prefix):
+                plain.append(key)
+        return shards, plain
+
+    @staticmethod
+    def _present_keys(shard: _Shard, index: np.ndarray) -> list[tuple[int, str]]:
+        positions = present_positions(index)
+        coords = chunk_coords_in_shard(shard.coords, shard.layout.chunks_per_shard)[positions]
+        return [(int(p), shard.info.key(c.tolist())) for p, c in zip(positions, coords, strict=True)]
+
+    async def _chunks_in(self, shards: list[_Shard], prefix: str) -> AsyncIterator[tuple[str, int]]:
+        """Chunk keys under ``prefix`` present in the shards' indices, with their sizes."""
+        for start in range(0, len(shards), _LISTING_BATCH):
+            batch = shards[start : start + _LISTING_BATCH]
+            for shard, index in zip(batch, await self._read_indices(batch), strict=True):
+                if index is None:
+                    continue
+                for pos, key in self._present_keys(shard, index):
+                    if key.startswith(prefix):
+                        yield key, int(index[pos, 1])
+
+    async def list(self) -> AsyncIterator[str]:
+        async for key in self.list_prefix(""):
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        shards, plain = await self._scan(prefix)
+        for key in plain:
+            yield key
+        async for key, _ in self._chunks_in(shards, prefix):
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        prefix = _dir(prefix)
+        around = await self._catalog.sharded_array_around(prefix)
+        chunk_dir = around is not None and around.chunk_prefix == prefix + "c/"
+        if around is None or chunk_dir:
+            # No shard key sits directly below: the inner names are the logical ones.
+            async for name in self._inner.list_dir(prefix):
+                yield name
+            return
+        names = {key[len(prefix) :].split("/", 1)[0] async for key in self.list_prefix(prefix)}
+        for name in sorted(names):
+            yield name
+
+
+def _prototype() -> BufferPrototype:
+    from zarr.core.buffer import default_buffer_prototype
+
+    return default_buffer_prototype()
