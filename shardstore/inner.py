@@ -248,18 +248,37 @@ class LocalInner(InnerStore):
 
     @staticmethod
     def _write(path: Path, value: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
         try:
-            with open(tmp, "wb") as f:
-                f.write(value)
+            for attempt in range(3):  # a concurrent delete may prune the directory we just made
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(value)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            if path.is_dir():
+                path.rmdir()  # an empty directory left by another layout; never one with files
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
 
     async def delete(self, key: str) -> None:
         with _failure("delete", key):
-            await asyncio.to_thread(self._path(key).unlink, missing_ok=True)
+            await asyncio.to_thread(self._unlink, self._path(key))
+
+    def _unlink(self, path: Path) -> None:
+        """Delete a file and the directories it leaves empty, as an object store would."""
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == self.root or self.root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone): stop
+                break
 
     async def getsize(self, key: str) -> int | None:
         with _failure("size", key):

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.core.sync import sync
 
 from shardstore.catalog import ArrayCatalog
 from shardstore.commits import CommitQueue, Splice, Update, apply_updates, independent_of_old
@@ -219,6 +220,19 @@ class ShardingStore(Store):
     def supports_listing(self) -> bool:
         return True
 
+    # -- synchronous conveniences (zarr's SupportsSyncStore protocol) -----------
+
+    def get_sync(
+        self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        return sync(self.get(key, prototype or default_buffer_prototype(), byte_range))
+
+    def set_sync(self, key: str, value: Buffer) -> None:
+        sync(self.set(key, value))
+
+    def delete_sync(self, key: str) -> None:
+        sync(self.delete(key))
+
     # -- key routing ------------------------------------------------------------
 
     async def _resolve(self, key: str, *, writing: bool = False) -> _Chunk | None | Literal[False]:
@@ -400,9 +414,9 @@ class ShardingStore(Store):
                 others.append((key, start, bytes(data)))
         await asyncio.gather(*(self._submit_all(chunk, updates) for chunk, updates in by_shard.values()))
         for key, start, data in others:  # in order: several may touch one key
-            old = await self.get(key, _prototype())
+            old = await self.get(key, default_buffer_prototype())
             new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
-            await self.set(key, _prototype().buffer.from_bytes(new or b""))
+            await self.set(key, default_buffer_prototype().buffer.from_bytes(new or b""))
 
     async def _submit_all(self, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
         # Splices to one position apply in order, so submit them one list at a time.
@@ -581,8 +595,3 @@ class ShardingStore(Store):
         for name in sorted(names):
             yield name
 
-
-def _prototype() -> BufferPrototype:
-    from zarr.core.buffer import default_buffer_prototype
-
-    return default_buffer_prototype()

@@ -1,0 +1,45 @@
+"""Shared fixtures: every kind of inner store the contract names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import zarr
+
+from shardstore import ShardingStore
+
+InnerFactory = Callable[[Path], Any]
+
+INNERS: dict[str, InnerFactory] = {
+    "dict": lambda tmp: {},
+    "zarr-memory": lambda tmp: zarr.storage.MemoryStore(),
+    "zarr-local": lambda tmp: zarr.storage.LocalStore(tmp / "local"),
+    "fsspec-local": lambda tmp: fsspec.get_mapper(f"file://{tmp}/fsmap"),
+    "fsspec-memory": lambda tmp: fsspec.get_mapper(f"memory://{tmp.name}"),
+}
+
+
+@pytest.fixture(params=sorted(INNERS))
+def inner(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    made = INNERS[request.param](tmp_path)
+    yield made
+    if request.param == "fsspec-memory":
+        made.fs.rm(made.root, recursive=True) if made.fs.exists(made.root) else None
+
+
+def shard_4x4(path: str, metadata: dict[str, Any]) -> list[int] | None:
+    """A module-level (so picklable) callable config: shard every array 4 chunks a side."""
+    ndim = len(metadata["shape"])
+    return [4] * ndim if ndim else None
+
+
+@pytest.fixture
+def make_store(inner: Any) -> Callable[..., ShardingStore]:
+    def make(chunks_per_shard: Any = (2, 2), **kwargs: Any) -> ShardingStore:
+        return ShardingStore(inner, chunks_per_shard, **kwargs)
+
+    return make

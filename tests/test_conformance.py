@@ -1,0 +1,109 @@
+"""zarr's own conformance suite for stores, run against ShardingStore over each inner store.
+
+The suite writes keys like ``c/0`` and ``foo/0/0`` with no array metadata:
+they must pass through untouched. A second variant puts a sharded array in
+place first, so that the same keys are chunk keys living inside shards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import zarr
+from zarr.core.buffer import Buffer, cpu, default_buffer_prototype
+from zarr.testing.store import StoreTests
+
+from shardstore import ShardingStore
+
+
+class _Base(StoreTests[ShardingStore, cpu.Buffer]):
+    store_cls = ShardingStore
+    buffer_cls = cpu.Buffer
+
+    async def set(self, store: ShardingStore, key: str, value: Buffer) -> None:
+        await store._inner.set(key, value.to_bytes())
+
+    async def get(self, store: ShardingStore, key: str) -> Buffer:
+        raw = await store._inner.get(key)
+        assert raw is not None, key
+        return self.buffer_cls.from_bytes(raw)
+
+    def test_store_repr(self, store: ShardingStore) -> None:
+        assert repr(store).startswith("ShardingStore(")
+
+    def test_store_supports_writes(self, store: ShardingStore) -> None:
+        assert store.supports_writes
+
+    def test_store_supports_listing(self, store: ShardingStore) -> None:
+        assert store.supports_listing
+
+
+class TestOverDict(_Base):
+    @pytest.fixture
+    def store_kwargs(self) -> dict[str, Any]:
+        return {"inner": {}, "chunks_per_shard": (2, 2)}
+
+
+class TestOverMemoryStore(_Base):
+    @pytest.fixture
+    def store_kwargs(self) -> dict[str, Any]:
+        return {"inner": zarr.storage.MemoryStore(), "chunks_per_shard": (2, 2)}
+
+
+class TestOverLocalStore(_Base):
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        return {"inner": zarr.storage.LocalStore(tmp_path), "chunks_per_shard": (2, 2)}
+
+
+class TestOverFsspecLocal(_Base):
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        return {"inner": fsspec.get_mapper(f"file://{tmp_path}/data"), "chunks_per_shard": (2, 2)}
+
+
+class TestOverFsspecMemory(_Base):
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        return {"inner": fsspec.get_mapper(f"memory://{tmp_path.name}"), "chunks_per_shard": (2, 2)}
+
+
+class TestOverURL(_Base):
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        return {"inner": f"file://{tmp_path}/url", "chunks_per_shard": (2, 2)}
+
+
+class TestChunkKeysInsideShards:
+    """The suite's key shapes again, but as chunk keys of real sharded arrays."""
+
+    @pytest.fixture
+    def store(self) -> ShardingStore:
+        store = ShardingStore({}, chunks_per_shard={"foo": [2, 2], "": [4]})
+        zarr.create_array(store, name="foo", shape=(8, 8), chunks=(2, 2), dtype="u1",
+                          chunk_key_encoding={"name": "default", "separator": "."})
+        return store
+
+    async def test_set_get_chunk_of_sharded_array(self, store: ShardingStore) -> None:
+        proto = default_buffer_prototype()
+        await store.set("foo/c.0.0", cpu.Buffer.from_bytes(b"\x01\x02\x03\x04"))
+        await store.set("foo/c.1.1", cpu.Buffer.from_bytes(b"xyz"))
+        assert "foo/c.0.0" not in store._inner_arg or store._inner_arg["foo/c.0.0"] != b"\x01\x02\x03\x04"
+        got = await store.get("foo/c.0.0", proto)
+        assert got is not None and got.to_bytes() == b"\x01\x02\x03\x04"
+        part = await store.get_partial_values(proto, [("foo/c.1.1", zarr.abc.store.RangeByteRequest(1, 3)),
+                                                      ("foo/c.0.0", zarr.abc.store.SuffixByteRequest(1))])
+        assert [p.to_bytes() for p in part if p is not None] == [b"yz", b"\x04"]
+        assert sorted([k async for k in store.list_prefix("foo/c")]) == ["foo/c.0.0", "foo/c.1.1"]
+        assert sorted([k async for k in store.list_dir("foo")]) == ["c.0.0", "c.1.1", "zarr.json"]
+        assert [k for k in store._inner_arg if k.startswith("foo/c")] == ["foo/c.0.0"]
+        assert await store.getsize("foo/c.1.1") == 3
+        assert await store.getsize_prefix("foo/c") == 7
+        await store.delete("foo/c.0.0")
+        assert not await store.exists("foo/c.0.0")
+        assert await store.exists("foo/c.1.1")
+        await store.delete("foo/c.1.1")
+        assert [k for k in store._inner_arg if k.startswith("foo/c")] == []
