@@ -1,0 +1,152 @@
+"""Property tests for the binary shard format, and its failure modes."""
+
+from __future__ import annotations
+
+import math
+
+import google_crc32c
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given
+
+from shardstore.errors import ShardFormatError
+from shardstore.format import (
+    MISSING,
+    ShardLayout,
+    build_shard,
+    check_ranges,
+    decode_index,
+    empty_index,
+    encode_index,
+    split_shard,
+)
+
+layouts = st.builds(
+    ShardLayout,
+    st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    st.sampled_from(["start", "end"]),
+    st.booleans(),
+)
+
+
+@st.composite
+def layouts_and_chunks(draw: st.DrawFn) -> tuple[ShardLayout, dict[int, bytes]]:
+    layout = draw(layouts)
+    positions = draw(st.sets(st.integers(0, layout.n_chunks - 1)))
+    return layout, {p: draw(st.binary(max_size=40)) for p in positions}
+
+
+@given(layouts_and_chunks())
+def test_build_then_split_roundtrip(case: tuple[ShardLayout, dict[int, bytes]]) -> None:
+    layout, chunks = case
+    shard = build_shard(layout, chunks)
+    assert len(shard) == sum(map(len, chunks.values())) + layout.index_nbytes
+    assert split_shard(layout, shard, "k") == chunks
+
+
+@given(layouts_and_chunks())
+def test_index_is_little_endian_pairs_in_c_order(case: tuple[ShardLayout, dict[int, bytes]]) -> None:
+    layout, chunks = case
+    shard = build_shard(layout, chunks)
+    raw = shard[: layout.index_nbytes] if layout.index_location == "start" else shard[-layout.index_nbytes :]
+    pairs = np.frombuffer(raw[: 16 * layout.n_chunks], dtype="<u8").reshape(-1, 2)
+    for pos in range(layout.n_chunks):
+        if pos in chunks:
+            offset, nbytes = map(int, pairs[pos])
+            assert shard[offset : offset + nbytes] == chunks[pos]
+        else:
+            assert tuple(map(int, pairs[pos])) == (MISSING, MISSING)
+    if layout.index_checksum:
+        assert int.from_bytes(raw[-4:], "little") == google_crc32c.value(raw[:-4])
+
+
+@given(layouts)
+def test_index_encode_decode_roundtrip(layout: ShardLayout) -> None:
+    index = empty_index(layout)
+    index[::2] = np.arange(2 * len(index[::2]), dtype=np.uint64).reshape(-1, 2)
+    assert np.array_equal(decode_index(layout, encode_index(layout, index), "k"), index)
+
+
+def test_spec_example_index_size() -> None:
+    # sharding_indexed v1.0: 4 chunks with [bytes, crc32c] index codecs -> 68 bytes
+    assert ShardLayout((2, 2), "end", True).index_nbytes == 68
+    assert ShardLayout((32, 2)).index_nbytes == 1024
+
+
+def test_shared_bytes_are_legal() -> None:
+    """Two entries may point at the same bytes (a writer may deduplicate chunks)."""
+    layout = ShardLayout((2,))
+    index = np.array([[0, 3], [0, 3]], dtype=np.uint64)
+    shard = b"abc" + encode_index(layout, index)
+    assert split_shard(layout, shard, "k") == {0: b"abc", 1: b"abc"}
+
+
+LAYOUT = ShardLayout((2, 2))
+
+
+def _shard() -> bytes:
+    return build_shard(LAYOUT, {0: b"aaaa", 3: b"bb"})
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (lambda s: s[:10], "fewer than its 64-byte index"),
+        (lambda s: s[:-1], "only one of offset|outside the data area"),
+        (lambda s: b"", "fewer than"),
+    ],
+)
+def test_truncated_shards(corrupt: object, message: str) -> None:
+    with pytest.raises(ShardFormatError, match=message) as info:
+        split_shard(LAYOUT, corrupt(_shard()), "arr/c/0/0")  # type: ignore[operator]
+    assert "arr/c/0/0" in str(info.value)
+
+
+def _with_entry(pos: int, offset: int, nbytes: int) -> bytes:
+    index = empty_index(LAYOUT)
+    index[0] = (0, 4)
+    index[pos] = (offset, nbytes)
+    return b"aaaabb" + encode_index(LAYOUT, index)
+
+
+@pytest.mark.parametrize(
+    ("offset", "nbytes", "message"),
+    [
+        (4, 3, "outside the data area"),  # runs into the index
+        (100, 1, "outside the data area"),  # past the end
+        (2**63, 2**63, "outside the data area"),  # would overflow uint64
+        (MISSING, 5, "only one of offset/nbytes"),
+        (5, MISSING, "only one of offset/nbytes"),
+    ],
+)
+def test_bad_index_entries(offset: int, nbytes: int, message: str) -> None:
+    with pytest.raises(ShardFormatError, match=message) as info:
+        split_shard(LAYOUT, _with_entry(2, offset, nbytes), "arr/c/1")
+    assert "arr/c/1" in str(info.value) and "chunk 2" in str(info.value) or "entry 2" in str(info.value)
+
+
+def test_index_at_start_ranges_exclude_the_index() -> None:
+    layout = ShardLayout((2,), "start")
+    index = np.array([[0, 4], [MISSING, MISSING]], dtype=np.uint64)  # offset 0 is inside the index
+    with pytest.raises(ShardFormatError, match="outside the data area"):
+        check_ranges(layout, index, 40, "k")
+
+
+def test_checksum_mismatch() -> None:
+    layout = ShardLayout((2, 2), "end", True)
+    shard = bytearray(build_shard(layout, {1: b"xyz"}))
+    shard[-1] ^= 0xFF
+    with pytest.raises(ShardFormatError, match="checksum mismatch"):
+        split_shard(layout, bytes(shard), "k")
+
+
+@given(st.binary(min_size=64, max_size=200))
+def test_garbage_never_escapes_as_other_errors(garbage: bytes) -> None:
+    """Random bytes either parse into in-bounds chunks or raise ShardFormatError."""
+    try:
+        chunks = split_shard(LAYOUT, garbage, "k")
+    except ShardFormatError:
+        return
+    assert all(len(v) <= len(garbage) - 64 for v in chunks.values())
+    assert len(chunks) <= math.prod(LAYOUT.chunks_per_shard)

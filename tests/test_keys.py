@@ -1,0 +1,87 @@
+"""Property tests for the key grammar and the chunk -> shard mapping."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import given
+
+from shardstore.errors import InvalidKeyError
+from shardstore.keys import (
+    ChunkKeyGrammar,
+    candidate_array_paths,
+    check_key,
+    chunk_coords_in_shard,
+    locate_chunks,
+)
+
+grammars = st.sampled_from(
+    [ChunkKeyGrammar("default", "/"), ChunkKeyGrammar("default", "."), ChunkKeyGrammar("v2", "/"),
+     ChunkKeyGrammar("v2", ".")]
+)
+coords_st = st.lists(st.integers(0, 10**6), min_size=0, max_size=4).map(tuple)
+paths = st.lists(st.sampled_from(["a", "g", "c", "0", "x.y", "12"]), max_size=3).map("/".join)
+
+
+@given(grammars, coords_st)
+def test_encode_decode_roundtrip(grammar: ChunkKeyGrammar, coords: tuple[int, ...]) -> None:
+    assert grammar.decode_rank(grammar.encode(coords), len(coords)) == coords
+
+
+@given(grammars, coords_st, paths)
+def test_array_path_is_a_candidate(grammar: ChunkKeyGrammar, coords: tuple[int, ...], path: str) -> None:
+    key = (f"{path}/" if path else "") + grammar.encode(coords)
+    assert path in candidate_array_paths(key)
+
+
+def test_zarr_encodings_spelled_as_zarr_writes_them() -> None:
+    assert ChunkKeyGrammar("default", "/").encode((1, 2)) == "c/1/2"
+    assert ChunkKeyGrammar("default", ".").encode((1, 2)) == "c.1.2"
+    assert ChunkKeyGrammar("default", "/").encode(()) == "c"
+    assert ChunkKeyGrammar("v2", ".").encode((1, 2)) == "1.2"
+    assert ChunkKeyGrammar("v2", "/").encode(()) == "0"
+    assert ChunkKeyGrammar("v2", ".").decode_rank("0", 0) == ()
+    assert ChunkKeyGrammar("v2", ".").decode_rank("0", 1) == (0,)
+
+
+@pytest.mark.parametrize("tail", ["c/01", "c/-1", "c/1a", "c//1", "d/1", "c/+1", "c/1/"])
+def test_non_canonical_tails_are_not_chunk_keys(tail: str) -> None:
+    assert ChunkKeyGrammar("default", "/").decode(tail) is None
+
+
+def test_keys_without_chunk_shape_have_no_candidates() -> None:
+    assert candidate_array_paths("a/zarr.json") == []
+    assert candidate_array_paths("a/.zattrs") == []
+    assert candidate_array_paths("a/c/x") == []
+
+
+@pytest.mark.parametrize("key", ["/abs", "a/../b", "..", "a/.."])
+def test_escaping_keys_rejected(key: str) -> None:
+    with pytest.raises(InvalidKeyError, match="invalid key"):
+        check_key(key)
+
+
+@st.composite
+def grid_case(draw: st.DrawFn) -> tuple[np.ndarray, tuple[int, ...]]:
+    ndim = draw(st.integers(1, 4))
+    cps = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
+    coords = draw(st.lists(st.lists(st.integers(0, 50), min_size=ndim, max_size=ndim), min_size=1, max_size=20))
+    return np.array(coords, dtype=np.int64), cps
+
+
+@given(grid_case())
+def test_locate_inverts_chunk_coords_in_shard(case: tuple[np.ndarray, tuple[int, ...]]) -> None:
+    coords, cps = case
+    shard, pos = locate_chunks(coords, cps)
+    assert (shard == coords // np.array(cps)).all()  # floor division, as ZEP 2 says
+    for row, s, p in zip(coords, shard, pos, strict=True):
+        assert (chunk_coords_in_shard(tuple(s), cps)[p] == row).all()
+
+
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
+def test_positions_are_c_order(cps: tuple[int, ...]) -> None:
+    all_coords = chunk_coords_in_shard((0,) * len(cps), cps)
+    _, pos = locate_chunks(all_coords, cps)
+    assert list(pos) == list(range(int(np.prod(cps))))
+    assert [tuple(r) for r in all_coords] == sorted(tuple(r) for r in all_coords)
