@@ -37,28 +37,27 @@ class ArrayCatalog:
         for path in [p for p in self._docs if join_path(p, "").startswith(prefix)]:
             del self._docs[path]
 
-    def _known(self, path: str) -> ArrayInfo | None | bool:
-        """The array at ``path`` if the catalog can tell, False if it must look."""
+    def _known(self, path: str) -> tuple[bool, ArrayInfo | None]:
+        """Whether the catalog can tell what is at ``path``, and the array if so."""
         docs = self._docs.get(path, {})
         if docs.get(V3_NAME) is not None:  # zarr prefers zarr.json over .zarray
-            return docs[V3_NAME]
+            return True, docs[V3_NAME]
         if all(n in docs for n in ARRAY_DOC_NAMES):
-            return docs[V2_ARRAY]
-        return False
+            return True, docs[V2_ARRAY]
+        return False, None
 
     async def lookup(self, path: str, *, refresh: bool = False) -> ArrayInfo | None:
         if refresh:
             self._docs.pop(path, None)
-        known = self._known(path)
-        if known is not False:
-            return known
+        known, info = self._known(path)
+        if known:
+            return info
         docs = self._docs.get(path, {})
         missing = [n for n in ARRAY_DOC_NAMES if n not in docs]
         raws = await self._inner.get_many([(join_path(path, n), None) for n in missing])
         for name, raw in zip(missing, raws, strict=True):
             self.remember(path, name, raw)
-        known = self._known(path)
-        return None if known is False else known
+        return self._known(path)[1]
 
     async def array_for_key(self, key: str, *, refresh: bool = False) -> ArrayInfo | None:
         """The array whose chunk keys ``key`` is written like (whatever its rank), if any."""

@@ -95,7 +95,9 @@ class CommitQueue(Generic[T]):
                     batch.updates[pos] = [update]
         await asyncio.wrap_future(batch.done)
 
-    async def _run(self, shard_key: str, batch: _Batch[T], previous: concurrent.futures.Future[None] | None) -> None:
+    async def _run(
+        self, shard_key: str, batch: _Batch[T], previous: concurrent.futures.Future[None] | None
+    ) -> None:
         if previous is not None:
             with contextlib.suppress(Exception):  # its own writers get its error
                 await asyncio.wrap_future(previous)

@@ -97,8 +97,7 @@ def decode_index(layout: ShardLayout, raw: bytes | memoryview, key: str) -> Shar
         actual = google_crc32c.value(bytes(entries))
         if stored != actual:
             raise ShardFormatError(
-                f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, "
-                f"computed {actual:#010x})"
+                f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
             )
     index = np.frombuffer(entries, dtype=_U64).reshape(layout.n_chunks, 2).astype(np.uint64)
     half_empty = (index[:, 0] == MISSING) != (index[:, 1] == MISSING)
@@ -118,7 +117,9 @@ def check_ranges(layout: ShardLayout, index: ShardIndex, shard_nbytes: int, key:
     present = offsets != MISSING
     # Compare as ``nbytes > hi - offset`` so that huge values cannot overflow.
     hi_u = np.uint64(max(hi, 0))
-    bad = present & ((offsets < np.uint64(lo)) | (offsets > hi_u) | (nbytes > hi_u - np.minimum(offsets, hi_u)))
+    bad = present & (
+        (offsets < np.uint64(lo)) | (offsets > hi_u) | (nbytes > hi_u - np.minimum(offsets, hi_u))
+    )
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
         raise ShardFormatError(
@@ -136,8 +137,7 @@ def split_shard(layout: ShardLayout, blob: bytes, key: str) -> dict[int, bytes]:
     """The chunks of a whole shard object, by position, after checking its index."""
     if len(blob) < layout.index_nbytes:
         raise ShardFormatError(
-            f"shard {key!r}: object has {len(blob)} bytes, fewer than its "
-            f"{layout.index_nbytes}-byte index"
+            f"shard {key!r}: object has {len(blob)} bytes, fewer than its {layout.index_nbytes}-byte index"
         )
     index = decode_index(layout, memoryview(blob)[layout.index_slice(len(blob))], key)
     check_ranges(layout, index, len(blob), key)

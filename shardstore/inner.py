@@ -378,11 +378,8 @@ class FsspecInner(InnerStore):
             await self._call("pipe_file", path, value)
 
     async def delete(self, key: str) -> None:
-        with _failure("delete", key):
-            try:
-                await self._call("rm_file", self._path(key))
-            except FileNotFoundError:
-                pass
+        with _failure("delete", key), contextlib.suppress(FileNotFoundError):
+            await self._call("rm_file", self._path(key))
 
     async def getsize(self, key: str) -> int | None:
         with _failure("size", key):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +46,7 @@ MAX_CHUNKS_PER_SHARD = 2**24
 
 Document: TypeAlias = dict[str, Any]
 ChunksPerShard: TypeAlias = (
-    Sequence[int]
-    | Mapping[str, Sequence[int]]
-    | Callable[[str, Document], Sequence[int] | None]
-    | None
+    Sequence[int] | Mapping[str, Sequence[int]] | Callable[[str, Document], Sequence[int] | None] | None
 )
 
 
@@ -88,7 +85,9 @@ def validate_layout(path: str, layout: ShardLayout, ndim: int) -> ShardLayout:
             f"{MAX_CHUNKS_PER_SHARD} (a {16 * n} byte index is too large to hold in memory)"
         )
     if layout.index_location not in ("start", "end"):
-        raise ShardingConfigError(f"{where}: index_location must be 'start' or 'end', not {layout.index_location!r}")
+        raise ShardingConfigError(
+            f"{where}: index_location must be 'start' or 'end', not {layout.index_location!r}"
+        )
     if not isinstance(layout.index_checksum, bool):
         raise ShardingConfigError(f"{where}: index_checksum must be true or false")
     return layout
@@ -190,7 +189,10 @@ class ArrayInfo:
 
     def grid_mask(self, chunk_coords: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which rows of chunk coordinates lie inside the chunk grid."""
-        return np.all(chunk_coords < np.asarray(self.grid_shape, dtype=np.int64), axis=1)
+        mask: npt.NDArray[np.bool_] = np.all(
+            chunk_coords < np.asarray(self.grid_shape, dtype=np.int64), axis=1
+        )
+        return mask
 
 
 def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
@@ -216,7 +218,9 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
                 return None
             grammar = _v3_grammar(doc)
             grid = doc.get("chunk_grid", {})
-            chunks = grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
+            chunks = (
+                grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
+            )
             codec_sharded = any(
                 isinstance(c, dict) and c.get("name") == "sharding_indexed" for c in doc.get("codecs", [])
             )

@@ -26,7 +26,6 @@ from shardstore.format import (
     MISSING,
     ShardLayout,
     build_shard,
-    check_ranges,
     decode_index,
     present_positions,
     split_shard,
@@ -235,7 +234,7 @@ class ShardingStore(Store):
 
     # -- key routing ------------------------------------------------------------
 
-    async def _resolve(self, key: str, *, writing: bool = False) -> _Chunk | None | Literal[False]:
+    async def _resolve(self, key: str, *, writing: bool = False) -> _Chunk | Literal[False] | None:
         """Where ``key`` lives: a chunk of a sharded array, None to pass it through,
         or False for a key written like a chunk key of a sharded array that is none
         (wrong rank). Writes to such keys, or outside the grid, raise ChunkKeyError."""
@@ -247,9 +246,14 @@ class ShardingStore(Store):
             return None
         coords = info.coords(key)
         if writing and (coords is None or not info.in_grid(coords)):
-            what = "outside the chunk grid" if coords is not None else f"not a chunk key of this {info.ndim}-d array"
+            what = (
+                "outside the chunk grid"
+                if coords is not None
+                else f"not a chunk key of this {info.ndim}-d array"
+            )
             raise ChunkKeyError(
-                f"cannot write {key!r}: {what} of array {info.path or '/'!r} (grid shape {list(info.grid_shape)})"
+                f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
+                f"(grid shape {list(info.grid_shape)})"
             )
         return False if coords is None else _locate(info, key, coords)
 
@@ -310,10 +314,10 @@ class ShardingStore(Store):
         )
         for (slot, _, _), value in zip(metadata, meta_values, strict=True):
             results[slot] = value
-        for (slot, chunk, expected), value in zip(checks, values, strict=True):
-            if chunk is not None and (value is None or len(value) != expected):
+        for (slot, owner, expected), value in zip(checks, values, strict=True):
+            if owner is not None and (value is None or len(value) != expected):
                 raise ShardFormatError(
-                    f"shard {chunk.shard_key!r}: chunk {chunk.key!r} runs past the end of the "
+                    f"shard {owner.shard_key!r}: chunk {owner.key!r} runs past the end of the "
                     f"shard object (wanted {expected} bytes, got {0 if value is None else len(value)})"
                 )
             results[slot] = value
@@ -334,7 +338,10 @@ class ShardingStore(Store):
         if not shards:
             return []
         raws = await self._inner.get_many([(s.key, _index_request(s.layout)) for s in shards])
-        return [None if raw is None else decode_index(s.layout, raw, s.key) for s, raw in zip(shards, raws, strict=True)]
+        return [
+            None if raw is None else decode_index(s.layout, raw, s.key)
+            for s, raw in zip(shards, raws, strict=True)
+        ]
 
     async def _get_metadata(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         """A metadata document as zarr must see it: without our transformer entry."""
@@ -398,7 +405,9 @@ class ShardingStore(Store):
         else:
             await self._inner.set(key, data)
 
-    async def set_partial_values(self, key_start_values: Iterable[tuple[str, int, bytes | bytearray | memoryview]]) -> None:
+    async def set_partial_values(
+        self, key_start_values: Iterable[tuple[str, int, bytes | bytearray | memoryview]]
+    ) -> None:
         """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
         per shard, one commit each) or into pass-through objects."""
         self._check_writable()
@@ -406,10 +415,10 @@ class ShardingStore(Store):
         others: list[tuple[str, int, bytes]] = []
         for key, start, data in key_start_values:
             check_key(key)
-            where = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
-            if where:
-                entry = by_shard.setdefault(where.shard_key, (where, {}))
-                entry[1].setdefault(where.position, []).append(Splice(start, bytes(data)))
+            chunk = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
+            if chunk:
+                entry = by_shard.setdefault(chunk.shard_key, (chunk, {}))
+                entry[1].setdefault(chunk.position, []).append(Splice(start, bytes(data)))
             else:
                 others.append((key, start, bytes(data)))
         await asyncio.gather(*(self._submit_all(chunk, updates) for chunk, updates in by_shard.values()))
@@ -436,7 +445,9 @@ class ShardingStore(Store):
                     inject_layout(doc, layout)
                     changed = True
             children = consolidated_arrays(name, doc)
-            infos = await asyncio.gather(*(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children))
+            infos = await asyncio.gather(
+                *(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children)
+            )
             for child, info in zip(children.values(), infos, strict=True):
                 if info is not None and info.layout is not None:
                     inject_layout(child, info.layout)
@@ -462,7 +473,9 @@ class ShardingStore(Store):
     async def _commit_shard(self, shard_key: str, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
         """Apply updates to one shard as a single all-or-nothing object write."""
         layout, info = chunk.layout, chunk.info
-        in_grid = np.flatnonzero(info.grid_mask(chunk_coords_in_shard(chunk.shard_coords, layout.chunks_per_shard)))
+        in_grid = np.flatnonzero(
+            info.grid_mask(chunk_coords_in_shard(chunk.shard_coords, layout.chunks_per_shard))
+        )
         covered = all(independent_of_old(u) for u in updates.values()) and all(
             p in updates and apply_updates(None, updates[p]) is not None for p in map(int, in_grid)
         )
@@ -594,4 +607,3 @@ class ShardingStore(Store):
         names = {key[len(prefix) :].split("/", 1)[0] async for key in self.list_prefix(prefix)}
         for name in sorted(names):
             yield name
-

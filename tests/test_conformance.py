@@ -83,8 +83,14 @@ class TestChunkKeysInsideShards:
     @pytest.fixture
     def store(self) -> ShardingStore:
         store = ShardingStore({}, chunks_per_shard={"foo": [2, 2], "": [4]})
-        zarr.create_array(store, name="foo", shape=(8, 8), chunks=(2, 2), dtype="u1",
-                          chunk_key_encoding={"name": "default", "separator": "."})
+        zarr.create_array(
+            store,
+            name="foo",
+            shape=(8, 8),
+            chunks=(2, 2),
+            dtype="u1",
+            chunk_key_encoding={"name": "default", "separator": "."},
+        )
         return store
 
     async def test_set_get_chunk_of_sharded_array(self, store: ShardingStore) -> None:
@@ -94,8 +100,13 @@ class TestChunkKeysInsideShards:
         assert "foo/c.0.0" not in store._inner_arg or store._inner_arg["foo/c.0.0"] != b"\x01\x02\x03\x04"
         got = await store.get("foo/c.0.0", proto)
         assert got is not None and got.to_bytes() == b"\x01\x02\x03\x04"
-        part = await store.get_partial_values(proto, [("foo/c.1.1", zarr.abc.store.RangeByteRequest(1, 3)),
-                                                      ("foo/c.0.0", zarr.abc.store.SuffixByteRequest(1))])
+        part = await store.get_partial_values(
+            proto,
+            [
+                ("foo/c.1.1", zarr.abc.store.RangeByteRequest(1, 3)),
+                ("foo/c.0.0", zarr.abc.store.SuffixByteRequest(1)),
+            ],
+        )
         assert [p.to_bytes() for p in part if p is not None] == [b"yz", b"\x04"]
         assert sorted([k async for k in store.list_prefix("foo/c")]) == ["foo/c.0.0", "foo/c.1.1"]
         assert sorted([k async for k in store.list_dir("foo")]) == ["c.0.0", "c.1.1", "zarr.json"]

@@ -123,7 +123,7 @@ def _with_entry(pos: int, offset: int, nbytes: int) -> bytes:
 def test_bad_index_entries(offset: int, nbytes: int, message: str) -> None:
     with pytest.raises(ShardFormatError, match=message) as info:
         split_shard(LAYOUT, _with_entry(2, offset, nbytes), "arr/c/1")
-    assert "arr/c/1" in str(info.value) and "chunk 2" in str(info.value) or "entry 2" in str(info.value)
+    assert ("arr/c/1" in str(info.value) and "chunk 2" in str(info.value)) or "entry 2" in str(info.value)
 
 
 def test_index_at_start_ranges_exclude_the_index() -> None:

@@ -17,8 +17,12 @@ from shardstore.keys import (
 )
 
 grammars = st.sampled_from(
-    [ChunkKeyGrammar("default", "/"), ChunkKeyGrammar("default", "."), ChunkKeyGrammar("v2", "/"),
-     ChunkKeyGrammar("v2", ".")]
+    [
+        ChunkKeyGrammar("default", "/"),
+        ChunkKeyGrammar("default", "."),
+        ChunkKeyGrammar("v2", "/"),
+        ChunkKeyGrammar("v2", "."),
+    ]
 )
 coords_st = st.lists(st.integers(0, 10**6), min_size=0, max_size=4).map(tuple)
 paths = st.lists(st.sampled_from(["a", "g", "c", "0", "x.y", "12"]), max_size=3).map("/".join)
@@ -66,7 +70,9 @@ def test_escaping_keys_rejected(key: str) -> None:
 def grid_case(draw: st.DrawFn) -> tuple[np.ndarray, tuple[int, ...]]:
     ndim = draw(st.integers(1, 4))
     cps = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
-    coords = draw(st.lists(st.lists(st.integers(0, 50), min_size=ndim, max_size=ndim), min_size=1, max_size=20))
+    coords = draw(
+        st.lists(st.lists(st.integers(0, 50), min_size=ndim, max_size=ndim), min_size=1, max_size=20)
+    )
     return np.array(coords, dtype=np.int64), cps
 
 

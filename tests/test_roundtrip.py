@@ -22,14 +22,18 @@ V3_ENCODINGS = [
 ]
 
 
-def _create(store: Any, zarr_format: int = 3, encoding: dict[str, str] | None = None, **kwargs: Any) -> zarr.Array:
+def _create(
+    store: Any, zarr_format: int = 3, encoding: dict[str, str] | None = None, **kwargs: Any
+) -> zarr.Array:
     if encoding is not None:
         kwargs["chunk_key_encoding"] = encoding
     return zarr.create_array(store, zarr_format=zarr_format, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("encoding", V3_ENCODINGS, ids=lambda e: f"{e['name']}{e['separator']}")
-def test_v3_encodings_roundtrip_and_shard_keys(make_store: Callable[..., ShardingStore], encoding: dict[str, str]) -> None:
+def test_v3_encodings_roundtrip_and_shard_keys(
+    make_store: Callable[..., ShardingStore], encoding: dict[str, str]
+) -> None:
     store = make_store((2, 3))
     data = sample((9, 13), "i4")
     arr = _create(store, encoding=encoding, name="g/a", shape=data.shape, chunks=(2, 2), dtype="i4")
@@ -51,20 +55,25 @@ def test_v2_arrays_roundtrip(make_store: Callable[..., ShardingStore], separator
     store = make_store((3,))
     zarr.create_group(store, zarr_format=2)
     data = sample((20,), "f8")
-    arr = _create(store, zarr_format=2, name="v2", shape=data.shape, chunks=(3,), dtype="f8",
-                  chunk_key_encoding={"name": "v2", "separator": separator})
+    arr = _create(
+        store,
+        zarr_format=2,
+        name="v2",
+        shape=data.shape,
+        chunks=(3,),
+        dtype="f8",
+        chunk_key_encoding={"name": "v2", "separator": separator},
+    )
     arr[:] = data
     reopened = ShardingStore(store.inner)  # no config: read back from .zarray
     np.testing.assert_array_equal(zarr.open_array(reopened, path="v2", zarr_format=2)[:], data)
-    assert sorted(k for k in inner_keys(store) if k.startswith("v2/") and not k.split("/")[-1].startswith(".")) == [
-        "v2/0", "v2/1", "v2/2"
-    ]
+    assert sorted(
+        k for k in inner_keys(store) if k.startswith("v2/") and not k.split("/")[-1].startswith(".")
+    ) == ["v2/0", "v2/1", "v2/2"]
     assert len([k for k in logical_keys(reopened, "v2/") if not k.split("/")[-1].startswith(".")]) == 7
 
 
-@pytest.mark.parametrize(
-    "dtype", ["bool", "i1", "u2", "i4", "u8", "f2", "f4", "f8", "c8", "c16", "S5", "U4"]
-)
+@pytest.mark.parametrize("dtype", ["bool", "i1", "u2", "i4", "u8", "f2", "f4", "f8", "c8", "c16", "S5", "U4"])
 def test_dtypes(dtype: str) -> None:
     store = ShardingStore({}, chunks_per_shard=(2, 2))
     data = sample((7, 5), dtype)
@@ -76,8 +85,15 @@ def test_dtypes(dtype: str) -> None:
 @pytest.mark.parametrize("fill_value", [0, 7, -3.5, np.nan])
 def test_fill_values_and_write_empty_chunks(fill_value: float) -> None:
     store = ShardingStore({}, chunks_per_shard=(2, 2))
-    arr = zarr.create_array(store, name="x", shape=(8, 8), chunks=(2, 2), dtype="f4",
-                            fill_value=fill_value, config={"write_empty_chunks": False})
+    arr = zarr.create_array(
+        store,
+        name="x",
+        shape=(8, 8),
+        chunks=(2, 2),
+        dtype="f4",
+        fill_value=fill_value,
+        config={"write_empty_chunks": False},
+    )
     arr[0:2, 0:2] = 1.0
     arr[2:4, 2:4] = fill_value  # all fill: zarr deletes (never writes) this chunk
     expected = np.full((8, 8), fill_value, dtype="f4")
@@ -99,7 +115,9 @@ def test_fill_values_and_write_empty_chunks(fill_value: float) -> None:
         ((10, 10), (10, 10), (4, 4)),  # one chunk in a big shard
     ],
 )
-def test_ranks_and_ragged_edges(shape: tuple[int, ...], chunks: tuple[int, ...], cps: tuple[int, ...]) -> None:
+def test_ranks_and_ragged_edges(
+    shape: tuple[int, ...], chunks: tuple[int, ...], cps: tuple[int, ...]
+) -> None:
     store = ShardingStore({}, chunks_per_shard=cps)
     data = sample(shape, "u2")
     arr = zarr.create_array(store, name="x", shape=shape, chunks=chunks, dtype="u2")
@@ -137,7 +155,12 @@ def test_resize_append_into_new_shards(make_store: Callable[..., ShardingStore])
     expected = np.concatenate([np.ones((4, 4), "i4"), np.full((6, 4), 2, "i4")])
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(store.inner), path="t")[:], expected)
     arr.resize((3, 4))  # shrink: zarr deletes the chunks outside the new grid
-    assert sorted(k for k in logical_keys(store) if "/c/" in k) == ["t/c/0/0", "t/c/0/1", "t/c/1/0", "t/c/1/1"]
+    assert sorted(k for k in logical_keys(store) if "/c/" in k) == [
+        "t/c/0/0",
+        "t/c/0/1",
+        "t/c/1/0",
+        "t/c/1/1",
+    ]
     arr.resize((10, 4))  # grow back: the old rows must read as fill value, not stale data
     np.testing.assert_array_equal(arr[4:], np.zeros((6, 4), "i4"))
 
@@ -162,7 +185,9 @@ def test_chunk_bytes_equal_unsharded_zarr(codec: str) -> None:
     plain = zarr.storage.MemoryStore()
     sharded = ShardingStore({}, chunks_per_shard=(2, 2))
     for store in (plain, sharded):
-        arr = zarr.create_array(store, name="b", shape=data.shape, chunks=(3, 4), dtype="f4", compressors=compressors)
+        arr = zarr.create_array(
+            store, name="b", shape=data.shape, chunks=(3, 4), dtype="f4", compressors=compressors
+        )
         arr[:] = data
     layout = ShardLayout((2, 2))
     for i in range(4):
@@ -176,13 +201,18 @@ def test_shard_is_codec_binary_format() -> None:
     """A shard object decodes with zarr's own sharding codec reading the same bytes."""
     data = sample((8, 8), "i2")
     sharded = ShardingStore({}, chunks_per_shard=(2, 2))
-    zarr.create_array(sharded, name="s", shape=data.shape, chunks=(2, 2), dtype="i2", compressors=None)[:] = data
+    zarr.create_array(sharded, name="s", shape=data.shape, chunks=(2, 2), dtype="i2", compressors=None)[:] = (
+        data
+    )
     codec_store = zarr.storage.MemoryStore()
-    codec_arr = zarr.create_array(codec_store, name="s", shape=data.shape, chunks=(2, 2), shards=(4, 4),
-                                  dtype="i2", compressors=None)
+    codec_arr = zarr.create_array(
+        codec_store, name="s", shape=data.shape, chunks=(2, 2), shards=(4, 4), dtype="i2", compressors=None
+    )
     # zarr's codec assumes a crc32c index unless told otherwise: rewrite its metadata to ours
     meta = codec_arr.metadata.to_dict()
-    meta["codecs"][0]["configuration"]["index_codecs"] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    meta["codecs"][0]["configuration"]["index_codecs"] = [
+        {"name": "bytes", "configuration": {"endian": "little"}}
+    ]
     import json
 
     from zarr.core.buffer import cpu
