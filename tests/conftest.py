@@ -9,6 +9,7 @@ from typing import Any
 import fsspec
 import pytest
 import zarr
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
 from shardstore import ShardingStore
 
@@ -20,6 +21,9 @@ INNERS: dict[str, InnerFactory] = {
     "zarr-local": lambda tmp: zarr.storage.LocalStore(tmp / "local"),
     "fsspec-local": lambda tmp: fsspec.get_mapper(f"file://{tmp}/fsmap"),
     "fsspec-memory": lambda tmp: fsspec.get_mapper(f"memory://{tmp.name}"),
+    "fsspec-async": lambda tmp: fsspec.FSMap(
+        f"async-{tmp.name}", AsyncFileSystemWrapper(fsspec.filesystem("memory"))
+    ),
 }
 
 
@@ -27,14 +31,10 @@ INNERS: dict[str, InnerFactory] = {
 def inner(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     made = INNERS[request.param](tmp_path)
     yield made
-    if request.param == "fsspec-memory":
-        made.fs.rm(made.root, recursive=True) if made.fs.exists(made.root) else None
-
-
-def shard_4x4(path: str, metadata: dict[str, Any]) -> list[int] | None:
-    """A module-level (so picklable) callable config: shard every array 4 chunks a side."""
-    ndim = len(metadata["shape"])
-    return [4] * ndim if ndim else None
+    if request.param in ("fsspec-memory", "fsspec-async"):
+        memory = fsspec.filesystem("memory")
+        if memory.exists(made.root):
+            memory.rm(made.root, recursive=True)
 
 
 @pytest.fixture

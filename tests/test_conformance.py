@@ -13,6 +13,7 @@ from typing import Any
 import fsspec
 import pytest
 import zarr
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from zarr.core.buffer import Buffer, cpu, default_buffer_prototype
 from zarr.testing.store import StoreTests
 
@@ -69,6 +70,18 @@ class TestOverFsspecMemory(_Base):
     @pytest.fixture
     def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
         return {"inner": fsspec.get_mapper(f"memory://{tmp_path.name}"), "chunks_per_shard": (2, 2)}
+
+
+class TestOverAsyncFsspec(_Base):
+    """An async file system: the adapter drives its coroutine API directly."""
+
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        fs = AsyncFileSystemWrapper(fsspec.filesystem("memory"))
+        return {"inner": fsspec.FSMap(f"async-{tmp_path.name}", fs), "chunks_per_shard": (2, 2)}
+
+    def test_uses_the_async_api(self, store: ShardingStore) -> None:
+        assert store._inner._async_fs is not None  # type: ignore[attr-defined]
 
 
 class TestOverURL(_Base):
