@@ -20,8 +20,8 @@ __all__ = ["ArrayCatalog"]
 class ArrayCatalog:
     def __init__(self, inner: InnerStore) -> None:
         self._inner = inner
-        # path -> document name -> the array it describes (None: absent, a group, not JSON)
-        self._docs: dict[str, dict[str, ArrayInfo | None]] = {}
+        # path -> document name -> (document present, the array it describes if any)
+        self._docs: dict[str, dict[str, tuple[bool, ArrayInfo | None]]] = {}
 
     def remember(self, path: str, name: str, raw: bytes | None) -> ArrayInfo | None:
         """Record what a metadata document read or written through the store says."""
@@ -29,7 +29,7 @@ class ArrayCatalog:
             return None
         doc = None if raw is None else load_document(raw)
         info = None if doc is None else array_info(path, name, doc)
-        self._docs.setdefault(path, {})[name] = info
+        self._docs.setdefault(path, {})[name] = (raw is not None, info)
         return info
 
     def forget(self, prefix: str) -> None:
@@ -40,10 +40,11 @@ class ArrayCatalog:
     def _known(self, path: str) -> tuple[bool, ArrayInfo | None]:
         """Whether the catalog can tell what is at ``path``, and the array if so."""
         docs = self._docs.get(path, {})
-        if docs.get(V3_NAME) is not None:  # zarr prefers zarr.json over .zarray
-            return True, docs[V3_NAME]
+        present, info = docs.get(V3_NAME, (False, None))
+        if present:  # zarr reads zarr.json whenever there is one, whatever .zarray says
+            return True, info
         if all(n in docs for n in ARRAY_DOC_NAMES):
-            return True, docs[V2_ARRAY]
+            return True, docs[V2_ARRAY][1]
         return False, None
 
     async def lookup(self, path: str, *, refresh: bool = False) -> ArrayInfo | None:

@@ -26,7 +26,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.mapping import FSMap
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
-from zarr.storage import LocalStore
+from zarr.storage import FsspecStore, LocalStore
 
 from shardstore.errors import InnerStoreError
 
@@ -308,10 +308,25 @@ class LocalInner(InnerStore):
         for key in keys:
             yield key
 
+    def _children(self, prefix: str) -> list[str]:
+        """One directory level; subdirectories only if some file lies below them."""
+        try:
+            entries = list(os.scandir(self._path(prefix.rstrip("/"))))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(
+            e.name
+            for e in entries
+            if not e.name.endswith(".partial") and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
+        )
+
+    @staticmethod
+    def _holds_file(directory: str) -> bool:
+        return any(files for _, _, files in os.walk(directory))
+
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        # From the files below, so that empty directories left by deletes are not reported.
         with _failure("list", prefix):
-            names = _names_under(await asyncio.to_thread(self._walk, prefix), prefix)
+            names = await asyncio.to_thread(self._children, prefix)
         for name in names:
             yield name
 
@@ -407,7 +422,11 @@ class FsspecInner(InnerStore):
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         with _failure("list", prefix):
-            names = _names_under(await self._find(prefix), prefix)
+            try:
+                paths = await self._call("ls", self._path(prefix.rstrip("/")), detail=False)
+            except FileNotFoundError:
+                paths = []
+        names = sorted({self.fs._strip_protocol(p).rstrip("/").rpartition("/")[2] for p in paths})
         for name in names:
             yield name
 
@@ -439,6 +458,8 @@ def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerSto
         return _from_fs(inner.fs, inner.root)
     if isinstance(inner, LocalStore):
         return LocalInner(inner.root)
+    if isinstance(inner, FsspecStore):  # ours creates parent directories; zarr's does not
+        return _from_fs(getattr(inner.fs, "sync_fs", inner.fs), inner.path)
     if isinstance(inner, Store):
         return ZarrInner(inner)
     if isinstance(inner, MutableMapping):

@@ -84,6 +84,22 @@ class TestOverAsyncFsspec(_Base):
         assert store._inner._async_fs is not None  # type: ignore[attr-defined]
 
 
+class TestOverZarrFsspecStore(_Base):
+    """zarr's own FsspecStore does not create parent directories; the adapter must."""
+
+    @pytest.fixture
+    def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:
+        inner = zarr.storage.FsspecStore.from_mapper(fsspec.get_mapper(f"file://{tmp_path}/zf"))
+        return {"inner": inner, "chunks_per_shard": (2, 2)}
+
+    async def test_nested_chunk_write(self, store: ShardingStore) -> None:
+        arr = await zarr.api.asynchronous.create_array(
+            store, name="deep/er/a", shape=(4, 4), chunks=(1, 1), dtype="u1"
+        )
+        await arr.setitem(slice(None), 1)
+        assert (await arr.getitem(slice(None))).sum() == 16
+
+
 class TestOverURL(_Base):
     @pytest.fixture
     def store_kwargs(self, tmp_path: Path) -> dict[str, Any]:

@@ -35,8 +35,10 @@ def shard_by_two(path: str, metadata: dict[str, Any]) -> list[int] | None:
 
 INNERS = {
     "zarr-memory": lambda tmp: zarr.storage.MemoryStore(),
+    "zarr-local": lambda tmp: zarr.storage.LocalStore(tmp / "local"),
     "dict": lambda tmp: {},
     "fsspec-local": lambda tmp: fsspec.get_mapper(f"file://{tmp}/data"),
+    "fsspec-memory": lambda tmp: fsspec.get_mapper(f"memory://{tmp.name}"),
 }
 
 

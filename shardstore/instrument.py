@@ -1,0 +1,100 @@
+"""Counting what the sharding layer asks of the inner store.
+
+Requests and bytes moved are stable where timings are not, so tests and
+benchmarks assert on these. Wrap any inner store::
+
+    counted = CountingInner(some_store)   # anything ShardingStore accepts
+    store = ShardingStore(counted, chunks_per_shard=(8, 8))
+    ...
+    counted.counts.reads, counted.counts.bytes_written
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zarr.abc.store import ByteRequest
+
+from shardstore.inner import InnerStore, adapt
+
+__all__ = ["CountingInner", "RequestCounts"]
+
+
+@dataclass
+class RequestCounts:
+    reads: int = 0
+    """Object reads, whole or ranged (each item of a batch counts)."""
+    read_batches: int = 0
+    """Calls that issued reads: a batch of several ranges is one."""
+    writes: int = 0
+    deletes: int = 0
+    lists: int = 0
+    sizes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    read_keys: Counter[str] = field(default_factory=Counter)
+    unranged_reads: Counter[str] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class CountingInner(InnerStore):
+    """An inner store that counts every request passed on to the one it wraps."""
+
+    def __init__(self, inner: Any, storage_options: dict[str, Any] | None = None) -> None:
+        self.inner = adapt(inner, storage_options)
+        self.counts = RequestCounts()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CountingInner) and self.inner == other.inner
+
+    def __repr__(self) -> str:
+        return f"CountingInner({self.inner!r})"
+
+    def _count_reads(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], values: list[bytes | None]
+    ) -> None:
+        self.counts.read_batches += 1
+        self.counts.reads += len(requests)
+        for (key, byte_range), value in zip(requests, values, strict=True):
+            self.counts.read_keys[key] += 1
+            if byte_range is None:
+                self.counts.unranged_reads[key] += 1
+            self.counts.bytes_read += 0 if value is None else len(value)
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        value = await self.inner.get(key, byte_range)
+        self._count_reads([(key, byte_range)], [value])
+        return value
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        values = await self.inner.get_many(requests)
+        self._count_reads(requests, values)
+        return values
+
+    async def set(self, key: str, value: bytes) -> None:
+        await self.inner.set(key, value)
+        self.counts.writes += 1
+        self.counts.bytes_written += len(value)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+        self.counts.deletes += 1
+
+    async def getsize(self, key: str) -> int | None:
+        self.counts.sizes += 1
+        return await self.inner.getsize(key)
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        self.counts.lists += 1
+        async for key in self.inner.list_prefix(prefix):
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        self.counts.lists += 1
+        async for name in self.inner.list_dir(prefix):
+            yield name

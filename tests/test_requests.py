@@ -1,0 +1,103 @@
+"""What the store asks of the inner store: counted, because counts are stable."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.buffer import cpu, default_buffer_prototype
+
+from shardstore import ShardingStore
+from shardstore.instrument import CountingInner
+
+
+def _setup(cps: tuple[int, ...] = (4, 4)) -> tuple[ShardingStore, CountingInner, zarr.Array]:
+    counted = CountingInner({})
+    store = ShardingStore(counted, chunks_per_shard=cps)
+    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2", compressors=None)
+    return store, counted, arr
+
+
+async def test_writes_covering_a_whole_shard_do_not_read_it() -> None:
+    counted = CountingInner({})
+    store = ShardingStore(counted, chunks_per_shard=(4, 4))
+    await zarr.api.asynchronous.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2")
+    counted.counts.reset()
+    chunk = cpu.Buffer.from_bytes(b"12345678")
+    await asyncio.gather(*(store.set(f"a/c/{i}/{j}", chunk) for i in range(4) for j in range(4)))
+    assert counted.counts.reads == 0
+    assert counted.counts.writes == 1
+    assert counted.counts.bytes_written == 16 * 8 + 16 * 16
+
+
+async def test_writes_covering_an_edge_shard_inside_the_array_do_not_read_it() -> None:
+    counted = CountingInner({})
+    store = ShardingStore(counted, chunks_per_shard=(4,))
+    await zarr.api.asynchronous.create_array(store, name="e", shape=(10,), chunks=(2,), dtype="u2")
+    counted.counts.reset()
+    await store.set("e/c/4", cpu.Buffer.from_bytes(b"abcd"))  # the last shard holds one in-grid chunk
+    assert counted.counts.reads == 0 and counted.counts.writes == 1
+
+
+def test_chunk_read_is_two_ranged_requests() -> None:
+    _store, counted, arr = _setup()
+    arr[:] = np.arange(256, dtype="u2").reshape(16, 16)
+    counted.counts.reset()
+    assert arr[3, 5] == 3 * 16 + 5
+    assert counted.counts.reads == 2  # index (a suffix read), then the chunk's range
+    assert counted.counts.read_batches == 2
+    assert not counted.counts.unranged_reads
+    assert counted.counts.bytes_read == 16 * 16 + 2 * 2 * 2  # a 16-entry index, one 8-byte chunk
+
+
+def test_get_partial_values_is_two_rounds_across_shards() -> None:
+    store, counted, arr = _setup()
+    arr[:] = 7
+    counted.counts.reset()
+    keys = [(f"a/c/{i}/{j}", None) for i in range(8) for j in range(8)]
+    values = asyncio.run(store.get_partial_values(default_buffer_prototype(), keys))
+    assert all(v is not None and len(v) == 8 for v in values)
+    assert counted.counts.read_batches == 2
+    assert counted.counts.reads == 4 + 64  # four indices, then 64 chunk ranges
+
+
+def test_erasing_a_whole_array_reads_no_shard() -> None:
+    store, counted, arr = _setup()
+    arr[:] = 1
+    counted.counts.reset()
+    asyncio.run(store.delete_dir("a"))
+    assert not any("/c/" in k for k in counted.counts.read_keys)
+    assert counted.counts.deletes == 4 + 1  # four shards, then the metadata
+
+
+def test_geometry_follows_another_store_instance() -> None:
+    """Another instance grows the array; this one's cached geometry must follow."""
+    counted = CountingInner({})
+    first = ShardingStore(counted, chunks_per_shard=(2,))
+    arr = zarr.create_array(first, name="g", shape=(4,), chunks=(1,), dtype="u1", compressors=None)
+    arr[:] = 1
+    second = ShardingStore(counted)
+    other = zarr.open_array(second, path="g")
+    other.resize((8,))
+    # ``first`` cached a 4-chunk grid; a write at chunk 6 refreshes it instead of failing
+    asyncio.run(first.set("g/c/6", cpu.Buffer.from_bytes(b"\x09")))
+    np.testing.assert_array_equal(zarr.open_array(first, path="g")[:], [1, 1, 1, 1, 0, 0, 9, 0])
+
+
+def _keys(it: Any) -> list[str]:
+    async def collect() -> list[str]:
+        return sorted([k async for k in it])
+
+    return asyncio.run(collect())
+
+
+def test_listing_reads_only_indices() -> None:
+    store, counted, arr = _setup()
+    arr[0:2, 0:2] = 1
+    arr[10:12, 14:16] = 1
+    counted.counts.reset()
+    assert _keys(store.list_prefix("a/")) == ["a/c/0/0", "a/c/5/7", "a/zarr.json"]
+    assert counted.counts.reads == 2  # metadata known from zarr's own writes: just the 2 indices
+    assert counted.counts.bytes_read <= 2 * 16 * 16 + 2000
