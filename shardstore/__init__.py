@@ -4,22 +4,8 @@ Wrap any fsspec mapper, zarr store or mapping in :class:`ShardingStore` and
 unmodified zarr arrays write many chunks into each shard object.
 """
 
-from shardstore.errors import (
-    ChunkKeyError,
-    InnerStoreError,
-    InvalidKeyError,
-    ShardFormatError,
-    ShardingConfigError,
-    ShardStoreError,
-)
+from shardstore import errors
+from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.store import ShardingStore
 
-__all__ = [
-    "ChunkKeyError",
-    "InnerStoreError",
-    "InvalidKeyError",
-    "ShardFormatError",
-    "ShardStoreError",
-    "ShardingConfigError",
-    "ShardingStore",
-]
+__all__ = ["ShardingStore", *errors.__all__]

@@ -23,7 +23,7 @@ __all__ = [
     "check_key",
     "chunk_coords_in_shard",
     "join_path",
-    "locate_chunks",
+    "locate_chunk",
 ]
 
 _INT = re.compile(r"0|[1-9][0-9]*")
@@ -115,17 +115,15 @@ def candidate_array_paths(key: str) -> list[str]:
     return list(seen)
 
 
-def locate_chunks(
-    coords: npt.ArrayLike, chunks_per_shard: tuple[int, ...]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
-    """Shard coordinates and C-order position in the shard, for rows of chunk coordinates."""
-    grid = np.asarray(coords, dtype=np.int64).reshape(-1, len(chunks_per_shard))
-    cps = np.asarray(chunks_per_shard, dtype=np.int64)
-    shard = grid // cps
-    if not chunks_per_shard:
-        return shard, np.zeros(len(grid), dtype=np.intp)
-    pos = np.ravel_multi_index(tuple((grid % cps).T), chunks_per_shard)
-    return shard, np.asarray(pos, dtype=np.intp)
+def locate_chunk(coords: tuple[int, ...], chunks_per_shard: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """The shard holding a chunk (grid coordinates floor-divided by chunks_per_shard) and
+    the chunk's C-order position in that shard's index. Plain ints: one key at a time,
+    numpy would cost more than the arithmetic."""
+    shard = tuple(c // n for c, n in zip(coords, chunks_per_shard, strict=True))
+    position = 0
+    for c, n in zip(coords, chunks_per_shard, strict=True):
+        position = position * n + c % n
+    return shard, position
 
 
 def chunk_coords_in_shard(

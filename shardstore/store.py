@@ -31,7 +31,7 @@ from shardstore.format import (
     split_shard,
 )
 from shardstore.inner import adapt, slice_range
-from shardstore.keys import check_key, chunk_coords_in_shard, locate_chunks
+from shardstore.keys import check_key, chunk_coords_in_shard, locate_chunk
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
     METADATA_NAMES,
@@ -86,9 +86,8 @@ class _Shard:
 
 def _locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> _Chunk:
     assert info.layout is not None
-    shard, pos = locate_chunks([coords], info.layout.chunks_per_shard)
-    shard_coords = tuple(int(c) for c in shard[0])
-    return _Chunk(info, key, info.key(shard_coords), shard_coords, int(pos[0]))
+    shard_coords, position = locate_chunk(coords, info.layout.chunks_per_shard)
+    return _Chunk(info, key, info.key(shard_coords), shard_coords, position)
 
 
 def _split_key(key: str) -> tuple[str, str]:
