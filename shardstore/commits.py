@@ -1,13 +1,20 @@
 """Per-shard commit queue: concurrent chunk updates to one shard become one commit.
 
-zarr writes the chunks of an array as many concurrent ``set()`` calls. Each
-shard has at most one commit in flight; updates arriving meanwhile gather in
-the shard's next batch, which starts when the previous commit ends. So no
-update can be lost to an interleaved read-modify-write, and a burst of writes
-to one shard costs a few shard writes rather than one per chunk.
+zarr writes the chunks of an array as many concurrent ``set()`` calls, each
+of which returns only once its bytes are in the inner store. Each shard has
+at most one commit in flight; updates arriving meanwhile gather in the
+shard's next batch, which starts when the previous commit ends. So no update
+can be lost to an interleaved read-modify-write, and a burst of writes to
+one shard costs a few shard writes rather than one per chunk.
 
-Batches are signalled with thread-safe futures, so writers on different event
-loops (or threads) are ordered and merged just the same.
+A batch that starts while other writers are about lingers briefly for more
+updates to its shard, and stops lingering as soon as it covers the whole
+shard, or as soon as every writer zarr can have in flight is waiting here
+(``async.concurrency``): nothing more can arrive then, so the fullest batch
+goes first. A lone write never lingers.
+
+Batches are signalled with thread-safe futures, so writers on different
+event loops (or threads) are ordered and merged just the same.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
-__all__ = ["CommitQueue", "Splice", "Update", "apply_updates"]
+__all__ = ["CommitQueue", "Splice", "Update", "apply_updates", "independent_of_old", "merge_updates"]
 
 
 @dataclass(frozen=True)
@@ -52,61 +59,138 @@ def independent_of_old(updates: list[Update]) -> bool:
     return bool(updates) and not isinstance(updates[0], Splice)
 
 
+def merge_updates(into: dict[int, list[Update]], updates: Mapping[int, list[Update]]) -> None:
+    """Add updates after those already queued: a full value replaces, a splice stacks."""
+    for pos, ups in updates.items():
+        if independent_of_old(ups):
+            into[pos] = list(ups)
+        else:
+            into.setdefault(pos, []).extend(ups)
+
+
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Batch(Generic[T]):
     target: T
+    loop: asyncio.AbstractEventLoop
     updates: dict[int, list[Update]] = field(default_factory=dict)
+    writers: int = 0
     done: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    grew: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        if self.grew is None:
+            return
+        if asyncio.get_running_loop() is self.loop:
+            self.grew.set()
+        else:
+            self.loop.call_soon_threadsafe(self.grew.set)
 
 
 Commit: TypeAlias = Callable[[str, T, dict[int, list[Update]]], Awaitable[None]]
+Ready: TypeAlias = Callable[[T, dict[int, list[Update]]], bool]
 
 
 class CommitQueue(Generic[T]):
-    """Serialises and merges commits per shard key. ``target`` is whatever the
-    commit function needs to know of the shard besides its updates."""
+    """Serialises and merges commits per shard key.
 
-    def __init__(self, commit: Commit[T]) -> None:
+    ``commit(key, target, updates)`` writes one shard; ``ready(target, updates)``
+    says a batch cannot usefully grow (it covers the shard); ``slots()`` is how
+    many writers a caller may have in flight at once.
+    """
+
+    def __init__(
+        self,
+        commit: Commit[T],
+        ready: Ready[T],
+        slots: Callable[[], int],
+        *,
+        linger_s: float = 0.002,
+    ) -> None:
         self._commit = commit
+        self._ready = ready
+        self._slots = slots
+        self._linger_s = linger_s
         self._lock = threading.Lock()
         self._pending: dict[str, _Batch[T]] = {}
         self._tail: dict[str, concurrent.futures.Future[None]] = {}
+        self._lingering: set[_Batch[T]] = set()
+        self._busy = 0  # batches lingering or committing
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def submit(self, shard_key: str, target: T, updates: Mapping[int, Update]) -> None:
-        """Apply ``updates`` (position -> update) to a shard; returns once committed."""
+    async def submit(self, shard_key: str, target: T, updates: Mapping[int, list[Update]]) -> None:
+        """Apply ``updates`` (position -> updates in order) to a shard; returns once committed."""
+        loop = asyncio.get_running_loop()
         with self._lock:
             batch = self._pending.get(shard_key)
             if batch is None:
-                batch = self._pending[shard_key] = _Batch(target)
+                batch = self._pending[shard_key] = _Batch(target, loop)
                 previous = self._tail.get(shard_key)
                 self._tail[shard_key] = batch.done
-                task = asyncio.get_running_loop().create_task(self._run(shard_key, batch, previous))
+                task = loop.create_task(self._run(shard_key, batch, previous))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             batch.target = target
-            for pos, update in updates.items():
-                if isinstance(update, Splice):
-                    batch.updates.setdefault(pos, []).append(update)
-                else:
-                    batch.updates[pos] = [update]
+            batch.writers += 1
+            merge_updates(batch.updates, updates)
+            to_wake = [batch, *self._fullest_if_all_waiting()]
+        for b in to_wake:
+            b.wake()
         await asyncio.wrap_future(batch.done)
+
+    def _fullest_if_all_waiting(self) -> list[_Batch[T]]:
+        """The fullest lingering batch, once every writer a caller can have is blocked here."""
+        waiting = sum(b.writers for b in self._pending.values())
+        if not self._lingering or waiting < self._slots():
+            return []
+        return [max(self._lingering, key=lambda b: b.writers)]
+
+    def _may_go(self, batch: _Batch[T]) -> bool:
+        if self._ready(batch.target, batch.updates):
+            return True
+        if self._busy == 1 and batch.writers == 1:
+            return True  # a lone write: nobody else is about to join
+        return self._fullest_if_all_waiting()[:1] == [batch]
+
+    async def _linger(self, batch: _Batch[T]) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10 * self._linger_s
+        with self._lock:
+            self._lingering.add(batch)
+        try:
+            await asyncio.sleep(0)  # one loop turn: writers already under way join
+            while True:
+                with self._lock:
+                    if self._may_go(batch):
+                        return
+                    batch.grew = asyncio.Event()
+                timeout = min(self._linger_s, deadline - loop.time())
+                if timeout <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(batch.grew.wait(), timeout)
+                except TimeoutError:
+                    return
+        finally:
+            with self._lock:
+                self._lingering.discard(batch)
 
     async def _run(
         self, shard_key: str, batch: _Batch[T], previous: concurrent.futures.Future[None] | None
     ) -> None:
-        if previous is not None:
-            with contextlib.suppress(Exception):  # its own writers get its error
-                await asyncio.wrap_future(previous)
-        else:
-            await asyncio.sleep(0)  # one loop turn: let writers already under way join
         with self._lock:
-            if self._pending.get(shard_key) is batch:
-                del self._pending[shard_key]
+            self._busy += 1
         try:
+            if previous is None:
+                await self._linger(batch)
+            else:
+                with contextlib.suppress(Exception):  # its own writers get its error
+                    await asyncio.wrap_future(previous)
+            with self._lock:
+                if self._pending.get(shard_key) is batch:
+                    del self._pending[shard_key]
             await self._commit(shard_key, batch.target, batch.updates)
         except BaseException as exc:
             batch.done.set_exception(exc)
@@ -116,5 +200,6 @@ class CommitQueue(Generic[T]):
             batch.done.set_result(None)
         finally:
             with self._lock:
+                self._busy -= 1
                 if self._tail.get(shard_key) is batch.done:
                     del self._tail[shard_key]

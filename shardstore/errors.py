@@ -8,6 +8,7 @@ zarr still tells which object to look at.
 from __future__ import annotations
 
 __all__ = [
+    "BatchCommitError",
     "ChunkKeyError",
     "InnerStoreError",
     "InvalidKeyError",
@@ -42,3 +43,15 @@ class InvalidKeyError(ShardStoreError, ValueError):
 
 class InnerStoreError(ShardStoreError, OSError):
     """The wrapped store failed; the original exception is the ``__cause__``."""
+
+
+class BatchCommitError(ShardStoreError):
+    """Some shards buffered in a ``store.batch()`` could not be committed.
+
+    ``failed`` maps each such shard key to its error; every other shard of the
+    batch was committed. The first error is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, failed: dict[str, BaseException]) -> None:
+        super().__init__(message)
+        self.failed = failed

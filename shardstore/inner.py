@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import uuid
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
+TEMP_SUFFIXES = (".partial", ".appending")
+"""Our own temporary files beside objects in a directory: never listed as keys."""
 
 
 @contextlib.contextmanager
@@ -100,6 +104,17 @@ class InnerStore(ABC):
     @abstractmethod
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
+
+    supports_append = False
+
+    async def append(self, key: str, build: AppendBuilder) -> bool:
+        """Append ``build(size, read)`` to an existing object, holding it exclusively.
+
+        ``build`` gets the object's size and a ``read(start, stop)`` function and
+        returns the bytes to append (None: nothing). Returns False, doing nothing,
+        if there is no such object. Only stores that can append implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot append")
 
 
 class ZarrInner(InnerStore):
@@ -295,7 +310,7 @@ class LocalInner(InnerStore):
         for dirpath, _dirs, files in os.walk(top):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in files:
-                if name.endswith(".partial"):
+                if name.endswith(TEMP_SUFFIXES):
                     continue
                 key = name if rel == "." else f"{rel}/{name}"
                 if key.startswith(prefix):
@@ -308,6 +323,43 @@ class LocalInner(InnerStore):
         for key in keys:
             yield key
 
+    supports_append = True
+
+    async def append(self, key: str, build: AppendBuilder) -> bool:
+        with _failure("append to", key):
+            return await asyncio.to_thread(self._append, self._path(key), build)
+
+    @staticmethod
+    def _journal(path: Path) -> Path:
+        return path.with_name(f".{path.name}.appending")
+
+    def _append(self, path: Path, build: AppendBuilder) -> bool:
+        """Append under an exclusive lock. A journal holding the old size exists while
+        bytes are being appended; if a crash leaves it behind, the next append cuts the
+        object back to that size, so the old index is the last bytes again."""
+        try:
+            f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+        with f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            fd = f.fileno()
+            journal = self._journal(path)
+            if journal.exists():
+                os.ftruncate(fd, int(journal.read_text() or os.fstat(fd).st_size))
+                journal.unlink()
+            size = os.fstat(fd).st_size
+            payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
+            if payload:
+                journal.write_text(str(size))
+                try:
+                    os.pwrite(fd, payload, size)
+                except BaseException:
+                    os.ftruncate(fd, size)
+                    raise
+                journal.unlink()
+        return True
+
     def _children(self, prefix: str) -> list[str]:
         """One directory level; subdirectories only if some file lies below them."""
         try:
@@ -317,7 +369,8 @@ class LocalInner(InnerStore):
         return sorted(
             e.name
             for e in entries
-            if not e.name.endswith(".partial") and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
+            if not e.name.endswith(TEMP_SUFFIXES)
+            and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
         )
 
     @staticmethod
@@ -387,10 +440,13 @@ class FsspecInner(InnerStore):
     async def set(self, key: str, value: bytes) -> None:
         with _failure("write", key):
             path = self._path(key)
-            parent = path.rpartition("/")[0]
-            if parent and not isinstance(self.fs, MemoryFileSystem):
-                await self._call("makedirs", parent, exist_ok=True)
-            await self._call("pipe_file", path, value)
+            try:
+                await self._call("pipe_file", path, value)
+            except FileNotFoundError:
+                # A file system with real directories: create the parents, once. Object
+                # stores never get here, so they pay no extra request per write.
+                await self._call("makedirs", path.rpartition("/")[0], exist_ok=True)
+                await self._call("pipe_file", path, value)
 
     async def delete(self, key: str) -> None:
         with _failure("delete", key), contextlib.suppress(FileNotFoundError):

@@ -3,35 +3,28 @@
 zarr above sees ordinary chunk keys; the inner store below sees shard
 objects. Keys that are not chunk keys of a sharded array pass through
 unchanged. Reads fetch shard indices, then chunk ranges, each round as one
-batch; writes go through a per-shard commit queue; listings read the indices
-so that they report exactly the chunks present.
+batch; writes go to the :class:`~shardstore.writer.ShardWriter`; listings
+read the indices so that they report exactly the chunks present.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Literal
 
-import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 
+from shardstore.addressing import ChunkAddress, ShardAddress, locate
 from shardstore.catalog import ArrayCatalog
-from shardstore.commits import CommitQueue, Splice, Update, apply_updates, independent_of_old
+from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardFormatError, ShardingConfigError
-from shardstore.format import (
-    MISSING,
-    ShardLayout,
-    build_shard,
-    decode_index,
-    present_positions,
-    split_shard,
-)
+from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index
 from shardstore.inner import adapt, slice_range
-from shardstore.keys import check_key, chunk_coords_in_shard, locate_chunk
+from shardstore.keys import check_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
     METADATA_NAMES,
@@ -45,49 +38,13 @@ from shardstore.metadata import (
     load_document,
     strip_document,
 )
+from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
 
-WriteStrategy = Literal["rewrite"]
 ReadStrategy = Literal["auto", "chunk"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """A chunk of a sharded array: which shard holds it, at which index position."""
-
-    info: ArrayInfo
-    key: str
-    shard_key: str
-    shard_coords: tuple[int, ...]
-    position: int
-
-    @property
-    def layout(self) -> ShardLayout:
-        assert self.info.layout is not None
-        return self.info.layout
-
-
-@dataclass(frozen=True)
-class _Shard:
-    """A shard object found in the inner store."""
-
-    info: ArrayInfo
-    key: str
-    coords: tuple[int, ...]
-
-    @property
-    def layout(self) -> ShardLayout:
-        assert self.info.layout is not None
-        return self.info.layout
-
-
-def _locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> _Chunk:
-    assert info.layout is not None
-    shard_coords, position = locate_chunk(coords, info.layout.chunks_per_shard)
-    return _Chunk(info, key, info.key(shard_coords), shard_coords, position)
 
 
 def _split_key(key: str) -> tuple[str, str]:
@@ -125,6 +82,42 @@ def _dir(prefix: str) -> str:
     return prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
 
 
+_ChunkUpdates = dict[str, tuple[ShardAddress, dict[int, list[Update]]]]
+
+
+def _add_update(by_shard: _ChunkUpdates, chunk: ChunkAddress, update: Update) -> None:
+    """Group updates per shard, in order (a later full value replaces, splices stack)."""
+    ups = by_shard.setdefault(chunk.shard.key, (chunk.shard, {}))[1].setdefault(chunk.position, [])
+    if not isinstance(update, Splice):
+        ups.clear()
+    ups.append(update)
+
+
+class _BatchScope:
+    """``with store.batch():`` / ``async with store.batch():``."""
+
+    def __init__(self, store: ShardingStore, max_bytes: int) -> None:
+        self._store = store
+        self._max_bytes = max_bytes
+
+    def __enter__(self) -> ShardingStore:
+        self._store._writer.begin_batch(self._max_bytes)
+        return self._store
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        sync(self._store._writer.end_batch(exc))
+
+    async def __aenter__(self) -> ShardingStore:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._store._writer.end_batch(exc)
+
+
 class ShardingStore(Store):
     """A zarr store that bundles the chunks of sharded arrays into shard objects.
 
@@ -133,7 +126,8 @@ class ShardingStore(Store):
     arrays created through this store (a sequence for every array of its
     rank, a mapping by array path, a callable ``(path, metadata) ->
     sequence | None``, or None); existing arrays keep the config recorded in
-    their metadata.
+    their metadata. ``write_strategy`` is ``"rewrite"`` (compact shards) or
+    ``"append"`` (append new chunks and index where the inner store can).
     """
 
     def __init__(
@@ -152,7 +146,7 @@ class ShardingStore(Store):
         super().__init__(read_only=read_only)
         for name, value, allowed in (
             ("layout", layout, ("transformer",)),
-            ("write_strategy", write_strategy, ("rewrite",)),
+            ("write_strategy", write_strategy, ("rewrite", "append")),
             ("read_strategy", read_strategy, ("auto", "chunk")),
         ):
             if value not in allowed:
@@ -163,7 +157,7 @@ class ShardingStore(Store):
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._strategies = (layout, write_strategy, read_strategy)
         self._catalog = ArrayCatalog(self._inner)
-        self._commits: CommitQueue[_Chunk] = CommitQueue(self._commit_shard)
+        self._writer = ShardWriter(self._inner, write_strategy)
 
     # -- identity -------------------------------------------------------------
 
@@ -218,6 +212,19 @@ class ShardingStore(Store):
     def supports_listing(self) -> bool:
         return True
 
+    def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> _BatchScope:
+        """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).
+
+        A shard is written as soon as the buffer holds all its chunks inside the
+        array, without reading it; the others are committed (one read-modify-write
+        each) when the block ends. Past ``max_bytes`` the fullest shards are
+        committed early. If the block raises, buffered writes are dropped (nothing
+        partial lands over good data) and a note on the exception names them; if a
+        commit fails, :class:`~shardstore.errors.BatchCommitError` names the shards.
+        Reads inside the block see its writes; listings first commit the buffer.
+        """
+        return _BatchScope(self, max_bytes)
+
     # -- synchronous conveniences (zarr's SupportsSyncStore protocol) -----------
 
     def get_sync(
@@ -233,7 +240,7 @@ class ShardingStore(Store):
 
     # -- key routing ------------------------------------------------------------
 
-    async def _resolve(self, key: str, *, writing: bool = False) -> _Chunk | Literal[False] | None:
+    async def _resolve(self, key: str, *, writing: bool = False) -> ChunkAddress | Literal[False] | None:
         """Where ``key`` lives: a chunk of a sharded array, None to pass it through,
         or False for a key written like a chunk key of a sharded array that is none
         (wrong rank). Writes to such keys, or outside the grid, raise ChunkKeyError."""
@@ -254,7 +261,7 @@ class ShardingStore(Store):
                 f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
                 f"(grid shape {list(info.grid_shape)})"
             )
-        return False if coords is None else _locate(info, key, coords)
+        return False if coords is None else locate(info, key, coords)
 
     @staticmethod
     def _in_grid(info: ArrayInfo, key: str) -> bool:
@@ -276,7 +283,8 @@ class ShardingStore(Store):
         that chunk's own bytes."""
         requests = list(key_ranges)
         results: list[bytes | None] = [None] * len(requests)
-        chunks: list[tuple[int, _Chunk, ByteRequest | None]] = []
+        chunks: list[tuple[int, ChunkAddress, ByteRequest | None]] = []
+        buffered: list[tuple[int, ByteRequest | None, list[Update]]] = []
         direct: list[tuple[int, str, ByteRequest | None]] = []
         metadata: list[tuple[int, str, ByteRequest | None]] = []
         for slot, (key, byte_range) in enumerate(requests):
@@ -289,11 +297,19 @@ class ShardingStore(Store):
             if where is None:
                 direct.append((slot, key, byte_range))
             elif where is not False:
-                chunks.append((slot, where, byte_range))
+                pending = self._writer.pending(where)
+                if pending is None:
+                    chunks.append((slot, where, byte_range))
+                elif independent_of_old(pending):
+                    value = apply_updates(None, pending)
+                    results[slot] = None if value is None else slice_range(value, byte_range)
+                else:  # a splice still buffered: read the whole chunk below, then apply it
+                    buffered.append((slot, byte_range, pending))
+                    chunks.append((slot, where, None))
 
         entries = await self._index_entries([c for _, c, _ in chunks])
         reads: list[tuple[str, ByteRequest | None]] = []
-        checks: list[tuple[int, _Chunk | None, int]] = []  # slot, chunk, expected length
+        checks: list[tuple[int, ChunkAddress | None, int]] = []  # slot, chunk, expected length
         for (slot, chunk, byte_range), entry in zip(chunks, entries, strict=True):
             if entry is None:
                 continue
@@ -301,7 +317,7 @@ class ShardingStore(Store):
             if start == stop:
                 results[slot] = b""
                 continue
-            reads.append((chunk.shard_key, RangeByteRequest(start, stop)))
+            reads.append((chunk.shard.key, RangeByteRequest(start, stop)))
             checks.append((slot, chunk, stop - start))
         for slot, key, byte_range in direct:
             reads.append((key, byte_range))
@@ -316,24 +332,27 @@ class ShardingStore(Store):
         for (slot, owner, expected), value in zip(checks, values, strict=True):
             if owner is not None and (value is None or len(value) != expected):
                 raise ShardFormatError(
-                    f"shard {owner.shard_key!r}: chunk {owner.key!r} runs past the end of the "
+                    f"shard {owner.shard.key!r}: chunk {owner.key!r} runs past the end of the "
                     f"shard object (wanted {expected} bytes, got {0 if value is None else len(value)})"
                 )
             results[slot] = value
+        for slot, byte_range, pending in buffered:
+            value = apply_updates(results[slot], pending)
+            results[slot] = None if value is None else slice_range(value, byte_range)
         return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
 
-    async def _index_entries(self, chunks: list[_Chunk]) -> list[tuple[int, int] | None]:
+    async def _index_entries(self, chunks: list[ChunkAddress]) -> list[tuple[int, int] | None]:
         """``(offset, nbytes)`` of each chunk, None where absent; one inner batch."""
-        shards = {c.shard_key: _Shard(c.info, c.shard_key, c.shard_coords) for c in chunks}
+        shards = {c.shard.key: c.shard for c in chunks}
         indices = dict(zip(shards, await self._read_indices(list(shards.values())), strict=True))
         out: list[tuple[int, int] | None] = []
         for chunk in chunks:
-            index = indices[chunk.shard_key]
+            index = indices[chunk.shard.key]
             offset, nbytes = (MISSING, MISSING) if index is None else map(int, index[chunk.position])
             out.append(None if offset == MISSING else (offset, nbytes))
         return out
 
-    async def _read_indices(self, shards: list[_Shard]) -> list[np.ndarray | None]:
+    async def _read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
         if not shards:
             return []
         raws = await self._inner.get_many([(s.key, _index_request(s.layout)) for s in shards])
@@ -354,6 +373,13 @@ class ShardingStore(Store):
             raw = dump_document(doc)
         return slice_range(raw, byte_range)
 
+    async def _chunk_size(self, chunk: ChunkAddress) -> int | None:
+        if self._writer.pending(chunk) is not None:  # in a batch: what the batch would leave
+            value = (await self.get_partial_values(default_buffer_prototype(), [(chunk.key, None)]))[0]
+            return None if value is None else len(value)
+        entry = (await self._index_entries([chunk]))[0]
+        return None if entry is None else entry[1]
+
     async def exists(self, key: str) -> bool:
         check_key(key)
         if _split_key(key)[1] in METADATA_NAMES:
@@ -361,7 +387,7 @@ class ShardingStore(Store):
         where = await self._resolve(key)
         if where is None:
             return await self._inner.exists(key)
-        return where is not False and (await self._index_entries([where]))[0] is not None
+        return where is not False and await self._chunk_size(where) is not None
 
     async def getsize(self, key: str) -> int:
         check_key(key)
@@ -373,8 +399,7 @@ class ShardingStore(Store):
             if where is None:
                 size = await self._inner.getsize(key)
             else:
-                entry = None if where is False else (await self._index_entries([where]))[0]
-                size = None if entry is None else entry[1]
+                size = None if where is False else await self._chunk_size(where)
         if size is None:
             raise FileNotFoundError(key)
         return size
@@ -400,7 +425,7 @@ class ShardingStore(Store):
             return
         where = await self._resolve(key, writing=True)
         if where:
-            await self._commits.submit(where.shard_key, where, {where.position: data})
+            await self._writer.write(where.shard, {where.position: [data]})
         else:
             await self._inner.set(key, data)
 
@@ -410,27 +435,20 @@ class ShardingStore(Store):
         """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
         per shard, one commit each) or into pass-through objects."""
         self._check_writable()
-        by_shard: dict[str, tuple[_Chunk, dict[int, list[Update]]]] = {}
+        by_shard: _ChunkUpdates = {}
         others: list[tuple[str, int, bytes]] = []
         for key, start, data in key_start_values:
             check_key(key)
             chunk = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
             if chunk:
-                entry = by_shard.setdefault(chunk.shard_key, (chunk, {}))
-                entry[1].setdefault(chunk.position, []).append(Splice(start, bytes(data)))
+                _add_update(by_shard, chunk, Splice(start, bytes(data)))
             else:
                 others.append((key, start, bytes(data)))
-        await asyncio.gather(*(self._submit_all(chunk, updates) for chunk, updates in by_shard.values()))
+        await asyncio.gather(*(self._writer.write(shard, ups) for shard, ups in by_shard.values()))
         for key, start, data in others:  # in order: several may touch one key
             old = await self.get(key, default_buffer_prototype())
             new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
             await self.set(key, default_buffer_prototype().buffer.from_bytes(new or b""))
-
-    async def _submit_all(self, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
-        # Splices to one position apply in order, so submit them one list at a time.
-        while updates:
-            await self._commits.submit(chunk.shard_key, chunk, {p: ups.pop(0) for p, ups in updates.items()})
-            updates = {p: ups for p, ups in updates.items() if ups}
 
     async def _set_metadata(self, key: str, raw: bytes) -> None:
         """Write a metadata document, recording (or keeping) the array's sharding config."""
@@ -469,28 +487,6 @@ class ShardingStore(Store):
             return None  # zarr's own sharding codec: never shard twice
         return self._policy.layout_for(path, doc, written.ndim)
 
-    async def _commit_shard(self, shard_key: str, chunk: _Chunk, updates: dict[int, list[Update]]) -> None:
-        """Apply updates to one shard as a single all-or-nothing object write."""
-        layout, info = chunk.layout, chunk.info
-        in_grid = np.flatnonzero(
-            info.grid_mask(chunk_coords_in_shard(chunk.shard_coords, layout.chunks_per_shard))
-        )
-        covered = all(independent_of_old(u) for u in updates.values()) and all(
-            p in updates and apply_updates(None, updates[p]) is not None for p in map(int, in_grid)
-        )
-        blob = None if covered else await self._inner.get(shard_key)
-        chunks = {} if blob is None else split_shard(layout, blob, shard_key)
-        for pos, ups in updates.items():
-            value = apply_updates(chunks.get(pos), ups)
-            if value is None:
-                chunks.pop(pos, None)
-            else:
-                chunks[pos] = value
-        if chunks:
-            await self._inner.set(shard_key, build_shard(layout, chunks))
-        elif blob is not None or covered:
-            await self._inner.delete(shard_key)
-
     # -- deletes -----------------------------------------------------------------
 
     async def delete(self, key: str) -> None:
@@ -500,17 +496,17 @@ class ShardingStore(Store):
         """ZEP 2 ``erase_values``: chunks are removed from their shards (a shard left
         empty is deleted); other keys are deleted from the inner store."""
         self._check_writable()
-        by_shard: dict[str, tuple[_Chunk, dict[int, Update]]] = {}
+        by_shard: _ChunkUpdates = {}
         others: list[str] = []
         for key in keys:
             check_key(key)
             where = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key)
             if where:
-                by_shard.setdefault(where.shard_key, (where, {}))[1][where.position] = None
+                _add_update(by_shard, where, None)
             elif where is None:
                 others.append(key)
         await asyncio.gather(
-            *(self._commits.submit(c.shard_key, c, ups) for c, ups in by_shard.values()),
+            *(self._writer.write(shard, ups) for shard, ups in by_shard.values()),
             *(self._delete_object(k) for k in others),
         )
 
@@ -530,17 +526,14 @@ class ShardingStore(Store):
         shards, plain = await self._scan(prefix)
         whole = [s.key for s in shards if s.info.chunk_prefix.startswith(prefix)]
         partial = [s for s in shards if not s.info.chunk_prefix.startswith(prefix)]
-        doomed: dict[str, tuple[_Chunk, dict[int, Update]]] = {}
+        doomed: _ChunkUpdates = {}
         for shard, index in zip(partial, await self._read_indices(partial), strict=True):
-            if index is None:
-                continue
-            for pos, key in self._present_keys(shard, index):
+            for pos, key in [] if index is None else shard.present_keys(index):
                 if key.startswith(prefix):
-                    chunk = _Chunk(shard.info, key, shard.key, shard.coords, pos)
-                    doomed.setdefault(shard.key, (chunk, {}))[1][pos] = None
+                    _add_update(doomed, ChunkAddress(key, shard, pos), None)
         metadata = [k for k in plain if _split_key(k)[1] in METADATA_NAMES]
         await asyncio.gather(
-            *(self._commits.submit(c.shard_key, c, ups) for c, ups in doomed.values()),
+            *(self._writer.write(shard, ups) for shard, ups in doomed.values()),
             *(self._delete_object(k) for k in whole + [k for k in plain if k not in metadata]),
         )
         # Metadata last: an interrupted erase never leaves shards without their array.
@@ -548,38 +541,33 @@ class ShardingStore(Store):
 
     # -- listing -------------------------------------------------------------------
 
-    async def _scan(self, prefix: str) -> tuple[list[_Shard], list[str]]:
+    async def _scan(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
         """Inner objects that may hold keys under ``prefix``: shard objects of sharded
         arrays, and the other keys under the prefix (which pass through)."""
+        await self._writer.drain()  # a listing inside a batch sees the batch's writes
         around = await self._catalog.sharded_array_around(prefix)
         inner_prefix = prefix
         if around is not None and prefix.startswith(around.chunk_prefix):
             inner_prefix = around.chunk_prefix  # shard keys differ from the chunk keys below
-        shards: list[_Shard] = []
+        shards: list[ShardAddress] = []
         plain: list[str] = []
         async for key in self._inner.list_prefix(inner_prefix):
             info = await self._catalog.array_for_key(key)
             coords = info.coords(key) if info is not None and info.layout is not None else None
             if info is not None and coords is not None:
-                shards.append(_Shard(info, key, coords))
+                shards.append(ShardAddress(info, key, coords))
             elif key.startswith(prefix):
                 plain.append(key)
         return shards, plain
 
-    @staticmethod
-    def _present_keys(shard: _Shard, index: np.ndarray) -> list[tuple[int, str]]:
-        positions = present_positions(index)
-        coords = chunk_coords_in_shard(shard.coords, shard.layout.chunks_per_shard)[positions]
-        return [(int(p), shard.info.key(c.tolist())) for p, c in zip(positions, coords, strict=True)]
-
-    async def _chunks_in(self, shards: list[_Shard], prefix: str) -> AsyncIterator[tuple[str, int]]:
+    async def _chunks_in(self, shards: list[ShardAddress], prefix: str) -> AsyncIterator[tuple[str, int]]:
         """Chunk keys under ``prefix`` present in the shards' indices, with their sizes."""
         for start in range(0, len(shards), _LISTING_BATCH):
             batch = shards[start : start + _LISTING_BATCH]
             for shard, index in zip(batch, await self._read_indices(batch), strict=True):
                 if index is None:
                     continue
-                for pos, key in self._present_keys(shard, index):
+                for pos, key in shard.present_keys(index):
                     if key.startswith(prefix):
                         yield key, int(index[pos, 1])
 
@@ -596,6 +584,7 @@ class ShardingStore(Store):
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         prefix = _dir(prefix)
+        await self._writer.drain()
         around = await self._catalog.sharded_array_around(prefix)
         chunk_dir = around is not None and around.chunk_prefix == prefix + "c/"
         if around is None or chunk_dir:

@@ -1,0 +1,72 @@
+"""Where a chunk lives: its shard object and its position in that shard's index."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardstore.commits import Update, apply_updates, independent_of_old
+from shardstore.format import ShardIndex, ShardLayout, present_positions
+from shardstore.keys import chunk_coords_in_shard, locate_chunk
+from shardstore.metadata import ArrayInfo
+
+__all__ = ["ChunkAddress", "ShardAddress", "covers_shard", "locate"]
+
+
+@dataclass(frozen=True)
+class ShardAddress:
+    """A shard object of a sharded array."""
+
+    info: ArrayInfo
+    key: str
+    coords: tuple[int, ...]
+
+    @property
+    def layout(self) -> ShardLayout:
+        assert self.info.layout is not None
+        return self.info.layout
+
+    def in_grid_positions(self) -> tuple[int, ...]:
+        """Index positions of this shard's chunks that lie inside the array."""
+        return _in_grid_positions(self.info.grid_shape, self.layout.chunks_per_shard, self.coords)
+
+    def present_keys(self, index: ShardIndex) -> list[tuple[int, str]]:
+        """(position, chunk key) of every chunk the index says is present."""
+        positions = present_positions(index)
+        coords = chunk_coords_in_shard(self.coords, self.layout.chunks_per_shard)[positions]
+        return [(int(p), self.info.key(c.tolist())) for p, c in zip(positions, coords, strict=True)]
+
+
+@dataclass(frozen=True)
+class ChunkAddress:
+    """A chunk of a sharded array: its own key, its shard, its index position."""
+
+    key: str
+    shard: ShardAddress
+    position: int
+
+
+def locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> ChunkAddress:
+    assert info.layout is not None
+    shard_coords, position = locate_chunk(coords, info.layout.chunks_per_shard)
+    return ChunkAddress(key, ShardAddress(info, info.key(shard_coords), shard_coords), position)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_grid_positions(
+    grid_shape: tuple[int, ...], chunks_per_shard: tuple[int, ...], shard_coords: tuple[int, ...]
+) -> tuple[int, ...]:
+    coords = chunk_coords_in_shard(shard_coords, chunks_per_shard)
+    inside = np.all(coords < np.asarray(grid_shape, dtype=np.int64), axis=1)
+    return tuple(int(p) for p in np.flatnonzero(inside))
+
+
+def covers_shard(shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
+    """Whether updates give every in-array chunk of the shard a value without reading it."""
+    for pos in shard.in_grid_positions():
+        ups = updates.get(pos)
+        if ups is None or not independent_of_old(ups) or apply_updates(None, ups) is None:
+            return False
+    return True

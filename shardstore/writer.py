@@ -1,0 +1,231 @@
+"""The write path: chunk updates become shard commits, by the chosen strategy.
+
+``rewrite`` (the default) writes every commit as one compact shard object:
+read the old shard (unless the updates cover it), merge, write. ``append``
+(for inner stores that can append, i.e. local files) writes only the new
+chunk bytes and a new index at the end of the shard, leaving the old bytes
+dead until :func:`shardstore.maintenance.compact`. Either way a commit is
+all-or-nothing: the previous shard stays readable if it fails.
+
+Commits go through a :class:`~shardstore.commits.CommitQueue` (one in flight
+per shard, concurrent updates merged); inside ``store.batch()`` they are
+first held in a :class:`~shardstore.batching.WriteBuffer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import zarr
+
+from shardstore.addressing import ChunkAddress, ShardAddress, covers_shard
+from shardstore.batching import Held, WriteBuffer
+from shardstore.commits import CommitQueue, Update, apply_updates, independent_of_old
+from shardstore.errors import BatchCommitError
+from shardstore.format import MISSING, build_shard, check_ranges, decode_index, encode_index, split_shard
+from shardstore.inner import InnerStore
+
+__all__ = ["DEFAULT_BATCH_BYTES", "ShardWriter", "WriteStrategy"]
+
+log = logging.getLogger("shardstore")
+
+WriteStrategy = Literal["rewrite", "append"]
+DEFAULT_BATCH_BYTES = 512 * 2**20
+
+
+def _zarr_slots() -> int:
+    """How many chunk writes one zarr operation has in flight at once."""
+    return int(zarr.config.get("async.concurrency") or 10)
+
+
+@dataclass(frozen=True)
+class _Job:
+    shard: ShardAddress
+    compact: bool = False
+
+
+def _describe(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+class ShardWriter:
+    def __init__(self, inner: InnerStore, strategy: WriteStrategy) -> None:
+        self._inner = inner
+        self.strategy = strategy
+        self._queue: CommitQueue[_Job] = CommitQueue(
+            self._commit, lambda job, updates: covers_shard(job.shard, updates), _zarr_slots
+        )
+        self._lock = threading.Lock()
+        self._buffer: WriteBuffer[_Job] | None = None
+        self._depth = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- writing ------------------------------------------------------------------
+
+    async def write(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> None:
+        """Apply updates to one shard: committed before returning, or buffered in a batch."""
+        buffer = self._buffer
+        due = None if buffer is None else buffer.add(shard.key, _Job(shard), updates)
+        if buffer is None or due is None:
+            await self._queue.submit(shard.key, _Job(shard), updates)
+            return
+        for held in due:
+            self._start(buffer, held)
+        while buffer.nbytes > buffer.max_bytes and (flying := buffer.in_flight()):
+            await asyncio.wait([asyncio.wrap_future(f) for f in flying], return_when=asyncio.FIRST_COMPLETED)
+
+    async def compact(self, shard: ShardAddress) -> None:
+        """Rewrite a shard compactly, whatever the strategy (drops dead bytes)."""
+        await self._queue.submit(shard.key, _Job(shard, compact=True), {})
+
+    def pending(self, chunk: ChunkAddress) -> list[Update] | None:
+        """Buffered updates to a chunk that are not in the inner store yet."""
+        buffer = self._buffer
+        return None if buffer is None else buffer.updates_for(chunk.shard.key, chunk.position)
+
+    # -- batches ------------------------------------------------------------------
+
+    def begin_batch(self, max_bytes: int) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._buffer = WriteBuffer(max_bytes, lambda job, updates: covers_shard(job.shard, updates))
+            self._depth += 1
+
+    async def end_batch(self, error: BaseException | None) -> None:
+        """Commit what the batch holds (or, after an error, drop it and say what)."""
+        with self._lock:
+            self._depth -= 1
+            if self._depth > 0 or self._buffer is None:
+                return
+            buffer = self._buffer
+        try:
+            dropped: list[Held[_Job]] = []
+            if error is None:
+                for held in buffer.take_all():
+                    self._start(buffer, held)
+            else:
+                dropped = buffer.discard_open()
+            await self._settle(buffer)
+        finally:
+            with self._lock:
+                if self._depth == 0:
+                    self._buffer = None
+                    buffer.close()
+        if error is not None and dropped:
+            note = (
+                f"shardstore: the batch ended with an error; {len(dropped)} shard(s) with buffered "
+                f"writes were not written, their previous contents are intact: "
+                f"{_describe([h.shard_key for h in dropped])}"
+            )
+            error.add_note(note)
+            log.warning(note)
+        if buffer.failures:
+            failed = {held.shard_key: exc for held, exc in buffer.failures}
+            raise BatchCommitError(
+                f"{len(failed)} shard(s) of the batch could not be committed (their previous contents "
+                f"are intact; every other shard was written): {_describe(list(failed))}; first error: "
+                f"{buffer.failures[0][1]}",
+                failed,
+            ) from buffer.failures[0][1]
+
+    async def drain(self) -> None:
+        """Commit everything a batch holds now (before a listing, say); the batch stays open."""
+        buffer = self._buffer
+        if buffer is None or buffer.empty:
+            return
+        for held in buffer.take_all():
+            self._start(buffer, held)
+        await self._settle(buffer)
+
+    def _start(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
+        task = asyncio.get_running_loop().create_task(self._commit_held(buffer, held))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _commit_held(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
+        try:
+            await self._queue.submit(held.shard_key, held.target, held.updates)
+        except Exception as exc:
+            buffer.finished(held, exc)
+        else:
+            buffer.finished(held, None)
+
+    @staticmethod
+    async def _settle(buffer: WriteBuffer[_Job]) -> None:
+        while flying := buffer.in_flight():
+            for future in flying:
+                with contextlib.suppress(Exception):  # recorded in buffer.failures
+                    await asyncio.wrap_future(future)
+
+    # -- commits ------------------------------------------------------------------
+
+    async def _commit(self, shard_key: str, job: _Job, updates: dict[int, list[Update]]) -> None:
+        shard = job.shard
+        appendable = (
+            self.strategy == "append"
+            and not job.compact
+            and self._inner.supports_append
+            and shard.layout.index_location == "end"
+            and not covers_shard(shard, updates)  # a whole new shard is written compact
+        )
+        if not appendable or not await self._append(shard, updates):
+            await self._rewrite(shard, updates)
+
+    async def _rewrite(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> None:
+        """One compact object for the whole shard; read the old one unless the updates cover it."""
+        covered = covers_shard(shard, updates)
+        blob = None if covered else await self._inner.get(shard.key)
+        chunks = {} if blob is None else split_shard(shard.layout, blob, shard.key)
+        for pos, ups in updates.items():
+            value = apply_updates(chunks.get(pos), ups)
+            if value is None:
+                chunks.pop(pos, None)
+            else:
+                chunks[pos] = value
+        if chunks:
+            await self._inner.set(shard.key, build_shard(shard.layout, chunks))
+        elif blob is not None or covered:
+            await self._inner.delete(shard.key)
+
+    async def _append(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
+        """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
+        layout, emptied = shard.layout, False
+
+        def build(size: int, read: Any) -> bytes | None:
+            nonlocal emptied
+            if size < layout.index_nbytes:
+                split_shard(layout, read(0, size), shard.key)  # raises: too short for its index
+            index = decode_index(layout, read(size - layout.index_nbytes, size), shard.key)
+            check_ranges(layout, index, size, shard.key)
+            new_index, parts, offset = index.copy(), [], size
+            for pos, ups in updates.items():
+                offset_old, nbytes_old = (int(v) for v in index[pos])
+                old = None
+                if offset_old != MISSING and not independent_of_old(ups):
+                    old = read(offset_old, offset_old + nbytes_old)
+                value = apply_updates(old, ups)
+                if value is None:
+                    new_index[pos] = (MISSING, MISSING)
+                else:
+                    new_index[pos] = (offset, len(value))
+                    parts.append(value)
+                    offset += len(value)
+            if np.array_equal(new_index, index):
+                return None
+            if (new_index[:, 0] == MISSING).all():
+                emptied = True
+                return None
+            return b"".join(parts) + encode_index(layout, new_index)
+
+        if not await self._inner.append(shard.key, build):
+            return False
+        if emptied:
+            await self._inner.delete(shard.key)
+        return True
