@@ -117,7 +117,8 @@ class CommitQueue(Generic[T]):
         self._pending: dict[str, _Batch[T]] = {}
         self._tail: dict[str, concurrent.futures.Future[None]] = {}
         self._lingering: set[_Batch[T]] = set()
-        self._busy = 0  # batches lingering or committing
+        self._busy = 0  # batches lingering, queued or committing
+        self._committing = 0  # batches whose commit is under way
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def submit(self, shard_key: str, target: T, updates: Mapping[int, list[Update]]) -> None:
@@ -141,9 +142,11 @@ class CommitQueue(Generic[T]):
         await asyncio.wrap_future(batch.done)
 
     def _fullest_if_all_waiting(self) -> list[_Batch[T]]:
-        """The fullest lingering batch, once every writer a caller can have is blocked here."""
-        waiting = sum(b.writers for b in self._pending.values())
-        if not self._lingering or waiting < self._slots():
+        """The fullest lingering batch, once every writer a caller can have is waiting
+        here and no commit under way will free any: nothing more can arrive."""
+        if not self._lingering or self._committing:
+            return []
+        if sum(b.writers for b in self._pending.values()) < self._slots():
             return []
         return [max(self._lingering, key=lambda b: b.writers)]
 
@@ -172,7 +175,8 @@ class CommitQueue(Generic[T]):
                 try:
                     await asyncio.wait_for(batch.grew.wait(), timeout)
                 except TimeoutError:
-                    return
+                    if not self._committing:  # quiet, and no commit will release writers
+                        return
         finally:
             with self._lock:
                 self._lingering.discard(batch)
@@ -191,7 +195,12 @@ class CommitQueue(Generic[T]):
             with self._lock:
                 if self._pending.get(shard_key) is batch:
                     del self._pending[shard_key]
-            await self._commit(shard_key, batch.target, batch.updates)
+                self._committing += 1
+            try:
+                await self._commit(shard_key, batch.target, batch.updates)
+            finally:
+                with self._lock:
+                    self._committing -= 1
         except BaseException as exc:
             batch.done.set_exception(exc)
             if not isinstance(exc, Exception):

@@ -42,6 +42,9 @@ __all__ = [
 
 T = TypeVar("T")
 AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
+UNCHANGED = b"<unchanged>"
+"""Returned by an update's change function: leave the object as it is (compared by identity)."""
+Change = Callable[[bytes | None], bytes | None]
 TEMP_SUFFIXES = (".partial", ".appending")
 """Our own temporary files beside objects in a directory: never listed as keys."""
 
@@ -104,6 +107,17 @@ class InnerStore(ABC):
     @abstractmethod
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
+
+    async def update(self, key: str, change: Change) -> None:
+        """Read-modify-write one object: ``change(old)`` returns the new bytes, None to
+        delete, or ``UNCHANGED``. Adapters that can do it in one step override this."""
+        old = await self.get(key)
+        new = change(old)
+        if new is None:
+            if old is not None:
+                await self.delete(key)
+        elif new is not UNCHANGED:
+            await self.set(key, new)
 
     supports_append = False
 
@@ -283,6 +297,20 @@ class LocalInner(InnerStore):
     async def delete(self, key: str) -> None:
         with _failure("delete", key):
             await asyncio.to_thread(self._unlink, self._path(key))
+
+    async def update(self, key: str, change: Change) -> None:
+        # Read, change and replace in one worker-thread hop rather than two.
+        with _failure("update", key):
+            await asyncio.to_thread(self._update, self._path(key), change)
+
+    def _update(self, path: Path, change: Change) -> None:
+        old = self._read(path, None)
+        new = change(old)
+        if new is None:
+            if old is not None:
+                self._unlink(path)
+        elif new is not UNCHANGED:
+            self._write(path, new)
 
     def _unlink(self, path: Path) -> None:
         """Delete a file and the directories it leaves empty, as an object store would."""

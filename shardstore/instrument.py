@@ -12,13 +12,13 @@ benchmarks assert on these. Wrap any inner store::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner import InnerStore, adapt
+from shardstore.inner import UNCHANGED, AppendBuilder, Change, InnerStore, adapt
 
 __all__ = ["CountingInner", "RequestCounts"]
 
@@ -80,6 +80,43 @@ class CountingInner(InnerStore):
         await self.inner.set(key, value)
         self.counts.writes += 1
         self.counts.bytes_written += len(value)
+
+    async def update(self, key: str, change: Change) -> None:
+        def counted(old: bytes | None) -> bytes | None:
+            self.counts.reads += 1
+            self.counts.read_batches += 1
+            self.counts.read_keys[key] += 1
+            self.counts.unranged_reads[key] += 1
+            self.counts.bytes_read += len(old or b"")
+            new = change(old)
+            if new is None and old is not None:
+                self.counts.deletes += 1
+            elif new is not None and new is not UNCHANGED:
+                self.counts.writes += 1
+                self.counts.bytes_written += len(new)
+            return new
+
+        await self.inner.update(key, counted)
+
+    @property
+    def supports_append(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_append
+
+    async def append(self, key: str, build: AppendBuilder) -> bool:
+        appended = 0
+
+        def counted(size: int, read: Callable[[int, int], bytes]) -> bytes | None:
+            nonlocal appended
+            payload = build(size, read)
+            appended = len(payload or b"")
+            return payload
+
+        done = await self.inner.append(key, counted)
+        self.counts.reads += 1  # the index (and any chunk spliced into) read under the lock
+        if appended:
+            self.counts.writes += 1
+            self.counts.bytes_written += appended
+        return done
 
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)

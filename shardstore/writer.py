@@ -180,19 +180,22 @@ class ShardWriter:
 
     async def _rewrite(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> None:
         """One compact object for the whole shard; read the old one unless the updates cover it."""
-        covered = covers_shard(shard, updates)
-        blob = None if covered else await self._inner.get(shard.key)
-        chunks = {} if blob is None else split_shard(shard.layout, blob, shard.key)
-        for pos, ups in updates.items():
-            value = apply_updates(chunks.get(pos), ups)
-            if value is None:
-                chunks.pop(pos, None)
-            else:
-                chunks[pos] = value
-        if chunks:
-            await self._inner.set(shard.key, build_shard(shard.layout, chunks))
-        elif blob is not None or covered:
-            await self._inner.delete(shard.key)
+
+        def change(blob: bytes | None) -> bytes | None:
+            chunks = {} if blob is None else split_shard(shard.layout, blob, shard.key)
+            for pos, ups in updates.items():
+                value = apply_updates(chunks.get(pos), ups)
+                if value is None:
+                    chunks.pop(pos, None)
+                else:
+                    chunks[pos] = value
+            return build_shard(shard.layout, chunks) if chunks else None
+
+        if covers_shard(shard, updates):  # every chunk is new: no need to read the old shard
+            new = change(None)
+            await (self._inner.delete(shard.key) if new is None else self._inner.set(shard.key, new))
+        else:
+            await self._inner.update(shard.key, change)
 
     async def _append(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
