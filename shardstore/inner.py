@@ -265,8 +265,11 @@ class LocalInner(InnerStore):
                     f.seek(byte_range.offset)
                     return f.read()
                 if isinstance(byte_range, SuffixByteRequest):
+                    # A shard's index: appends hold the file exclusively while they extend
+                    # it, so a shared lock sees the whole old tail or the whole new one.
+                    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
                     f.seek(max(os.fstat(f.fileno()).st_size - byte_range.suffix, 0))
-                    return f.read()
+                    return f.read(byte_range.suffix)
                 raise TypeError(f"Unexpected byte_range, got {byte_range}")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
