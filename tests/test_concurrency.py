@@ -136,7 +136,7 @@ def test_failed_commit_keeps_acknowledged_chunks() -> None:
     deadline = time.monotonic() + 5
     while True:
         got = zarr.open_array(ShardingStore(inner), path="f")[:]
-        if set(got[:4]) == {2} and set(got[8:]) == {2} or time.monotonic() > deadline:
+        if (set(got[:4]) == {2} and set(got[8:]) == {2}) or time.monotonic() > deadline:
             break
         time.sleep(0.01)
     np.testing.assert_array_equal(got[4:8], [1] * 4)  # the failed shard: old data, whole
