@@ -22,6 +22,8 @@ class ArrayCatalog:
         self._inner = inner
         # path -> document name -> (document present, the array it describes if any)
         self._docs: dict[str, dict[str, tuple[bool, ArrayInfo | None]]] = {}
+        self.generation = 0
+        """Bumped whenever what the catalog knows changes: answers derived from it expire."""
 
     def remember(self, path: str, name: str, raw: bytes | None) -> ArrayInfo | None:
         """Record what a metadata document read or written through the store says."""
@@ -30,12 +32,14 @@ class ArrayCatalog:
         doc = None if raw is None else load_document(raw)
         info = None if doc is None else array_info(path, name, doc)
         self._docs.setdefault(path, {})[name] = (raw is not None, info)
+        self.generation += 1
         return info
 
     def forget(self, prefix: str) -> None:
         """Drop every path at or below the directory ``prefix`` ("" or ending in "/")."""
         for path in [p for p in self._docs if join_path(p, "").startswith(prefix)]:
             del self._docs[path]
+        self.generation += 1
 
     def _known(self, path: str) -> tuple[bool, ArrayInfo | None]:
         """Whether the catalog can tell what is at ``path``, and the array if so."""
@@ -50,6 +54,7 @@ class ArrayCatalog:
     async def lookup(self, path: str, *, refresh: bool = False) -> ArrayInfo | None:
         if refresh:
             self._docs.pop(path, None)
+            self.generation += 1
         known, info = self._known(path)
         if known:
             return info

@@ -455,18 +455,24 @@ class FsspecInner(InnerStore):
         raise TypeError(f"Unexpected byte_range, got {byte_range}")
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        start, end = self._limits(byte_range)
+        # A whole object is read as the range "from 0": s3fs sends a HEAD before an
+        # un-ranged GET, never before a ranged one.
+        start, end = self._limits(byte_range) if byte_range is not None else (0, None)
         with _failure("read", key):
             try:
                 return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
             except (FileNotFoundError, IsADirectoryError):
                 return None
             except (OSError, ValueError):
-                if start is None or start >= 0:
+                if start is not None and start > 0:
                     raise
-                # A suffix longer than the object: some file systems refuse to seek before 0.
-                whole = await self.get(key)
-                return None if whole is None else slice_range(whole, byte_range)
+                # An empty object has no byte 0 (S3 answers 416); a suffix longer than the
+                # object makes some file systems seek before 0: read it whole instead.
+                try:
+                    whole = bytes(await self._call("cat_file", self._path(key)))
+                except (FileNotFoundError, IsADirectoryError):
+                    return None
+                return slice_range(whole, byte_range)
 
     async def set(self, key: str, value: bytes) -> None:
         with _failure("write", key):

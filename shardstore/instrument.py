@@ -12,15 +12,17 @@ benchmarks assert on these. Wrap any inner store::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zarr.abc.store import ByteRequest
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
 
 from shardstore.inner import UNCHANGED, AppendBuilder, Change, InnerStore, adapt
 
-__all__ = ["CountingInner", "RequestCounts"]
+__all__ = ["CountingInner", "CountingStore", "RequestCounts"]
 
 
 @dataclass
@@ -135,3 +137,46 @@ class CountingInner(InnerStore):
         self.counts.lists += 1
         async for name in self.inner.list_dir(prefix):
             yield name
+
+
+class CountingStore(WrapperStore[Store]):
+    """A zarr store wrapper with the same counts, for zarr's own layouts (unsharded
+    chunks, the sharding codec) in benchmarks beside ShardingStore."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.counts = RequestCounts()
+
+    def _with_store(self, store: Store) -> CountingStore:
+        return type(self)(store)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        value = await self._store.get(key, prototype, byte_range)
+        self.counts.read_batches += 1
+        self.counts.reads += 1
+        self.counts.read_keys[key] += 1
+        if byte_range is None:
+            self.counts.unranged_reads[key] += 1
+        self.counts.bytes_read += 0 if value is None else len(value)
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        requests = list(key_ranges)
+        values = await self._store.get_partial_values(prototype, requests)
+        self.counts.read_batches += 1
+        self.counts.reads += len(requests)
+        self.counts.bytes_read += sum(0 if v is None else len(v) for v in values)
+        return values
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._store.set(key, value)
+        self.counts.writes += 1
+        self.counts.bytes_written += len(value)
+
+    async def delete(self, key: str) -> None:
+        await self._store.delete(key)
+        self.counts.deletes += 1

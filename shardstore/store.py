@@ -45,6 +45,8 @@ __all__ = ["ShardingStore"]
 ReadStrategy = Literal["auto", "chunk"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
+_ADDRESS_CACHE = 1 << 17
+"""Chunk keys whose shard address is remembered (cleared when full)."""
 
 
 def _split_key(key: str) -> tuple[str, str]:
@@ -158,6 +160,8 @@ class ShardingStore(Store):
         self._strategies = (layout, write_strategy, read_strategy)
         self._catalog = ArrayCatalog(self._inner)
         self._writer = ShardWriter(self._inner, write_strategy)
+        # chunk key -> (catalog generation, address): zarr touches the same keys over and over
+        self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
 
     # -- identity -------------------------------------------------------------
 
@@ -244,6 +248,9 @@ class ShardingStore(Store):
         """Where ``key`` lives: a chunk of a sharded array, None to pass it through,
         or False for a key written like a chunk key of a sharded array that is none
         (wrong rank). Writes to such keys, or outside the grid, raise ChunkKeyError."""
+        known = self._addresses.get(key)
+        if known is not None and known[0] == self._catalog.generation:
+            return known[1]
         info = await self._catalog.array_for_key(key)
         if writing and (info is None or (info.layout is not None and not self._in_grid(info, key))):
             # The array may have been created or grown through another store instance.
@@ -261,7 +268,14 @@ class ShardingStore(Store):
                 f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
                 f"(grid shape {list(info.grid_shape)})"
             )
-        return False if coords is None else locate(info, key, coords)
+        if coords is None:
+            return False
+        address = locate(info, key, coords)
+        if info.in_grid(coords):  # valid for reads and writes alike until the catalog changes
+            if len(self._addresses) > _ADDRESS_CACHE:
+                self._addresses.clear()
+            self._addresses[key] = (self._catalog.generation, address)
+        return address
 
     @staticmethod
     def _in_grid(info: ArrayInfo, key: str) -> bool:
