@@ -65,6 +65,13 @@ class ArrayCatalog:
             self.remember(path, name, raw)
         return self._known(path)[1]
 
+    async def document(self, path: str, name: str) -> ArrayInfo | None:
+        """The array one metadata document at ``path`` describes (fetched if unknown)."""
+        docs = self._docs.get(path, {})
+        if name not in docs:
+            self.remember(path, name, await self._inner.get(join_path(path, name)))
+        return self._docs[path][name][1]
+
     async def array_for_key(self, key: str, *, refresh: bool = False) -> ArrayInfo | None:
         """The array whose chunk keys ``key`` is written like (whatever its rank), if any."""
         for path in candidate_array_paths(key):

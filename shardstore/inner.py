@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping, Sequence
@@ -423,6 +424,8 @@ class FsspecInner(InnerStore):
         self.fs = fs
         self.root = root.rstrip("/")
         self._async_fs = _asynchronous_copy(fs)
+        self._home_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
         self._inline = isinstance(fs, MemoryFileSystem)
 
     def __eq__(self, other: object) -> bool:
@@ -436,11 +439,29 @@ class FsspecInner(InnerStore):
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._async_fs is not None:
-            return await getattr(self._async_fs, "_" + name)(*args, **kwargs)
+            return await self._call_async(name, *args, **kwargs)
         method: Callable[..., Any] = getattr(self.fs, name)
         if self._inline:
             return method(*args, **kwargs)
         return await asyncio.to_thread(method, *args, **kwargs)
+
+    async def _call_async(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """An async file system's sessions belong to the event loop that first used
+        them: run there, hopping over from any other loop (zarr's own loop and a
+        user's ``asyncio.run`` may both use one store). If that loop has ended,
+        start afresh on this one."""
+        current = asyncio.get_running_loop()
+        with self._loop_lock:
+            home = self._home_loop
+            if home is None or home.is_closed() or not home.is_running():
+                if home is not None:
+                    self._async_fs = _asynchronous_copy(self.fs, fresh=True)
+                self._home_loop = home = current
+            fs = self._async_fs
+        call = getattr(fs, "_" + name)(*args, **kwargs)
+        if home is current:
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, home))
 
     @staticmethod
     def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
@@ -524,15 +545,20 @@ class FsspecInner(InnerStore):
             yield name
 
 
-def _asynchronous_copy(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem | None:
-    """An instance of an async file system usable from the caller's event loop."""
+def _asynchronous_copy(
+    fs: fsspec.AbstractFileSystem, *, fresh: bool = False
+) -> fsspec.AbstractFileSystem | None:
+    """An instance of an async file system to drive from an event loop (``fresh``:
+    never one fsspec cached, whose sessions may belong to a loop that has ended)."""
     if not getattr(fs, "async_impl", False):
         return None
-    if getattr(fs, "asynchronous", False):
+    if getattr(fs, "asynchronous", False) and not fresh:
         return fs
     try:
         spec = json.loads(fs.to_json())
         spec["asynchronous"] = True
+        if fresh:
+            spec["skip_instance_cache"] = True
         return fsspec.AbstractFileSystem.from_json(json.dumps(spec))
     except Exception:  # not serialisable: use its sync API in threads instead
         return None

@@ -494,7 +494,7 @@ class ShardingStore(Store):
             return None
         if written.layout is not None:  # the writer recorded a config itself
             return written.layout
-        existing = await self._catalog.lookup(path)
+        existing = await self._catalog.document(path, name)  # the document being replaced
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             return existing.layout  # the same array, resized or re-attributed: keep its config
         if written.codec_sharded:

@@ -1,0 +1,74 @@
+"""Requests on an S3 API (moto_server on 127.0.0.1, started and stopped here)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import zarr
+
+from shardstore import ShardingStore
+
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+from shardstore.testing.s3 import LocalS3, local_s3
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[LocalS3]:
+    with local_s3() as server:
+        yield server
+
+
+def _store(s3: LocalS3, path: str, **kwargs: object) -> ShardingStore:
+    return ShardingStore(s3.url(path), chunks_per_shard=(4, 4), storage_options=s3.storage_options, **kwargs)
+
+
+def test_batch_whole_array_write_requests(s3: LocalS3) -> None:
+    store = _store(s3, "batch.zarr")
+    s3.reset()
+    arr = zarr.create_array(store, name="a", shape=(256, 256), chunks=(32, 32), dtype="f4")
+    # creating: two metadata PUTs, and the four GETs zarr itself makes on any store to
+    # check that nothing exists there yet (a/zarr.json, a/.zarray, zarr.json twice)
+    assert s3.counts["PUT"] == 2 and s3.counts["GET"] <= 4 and s3.counts["HEAD"] == 0
+    s3.reset()
+    with store.batch():
+        arr[:] = np.arange(256 * 256, dtype="f4").reshape(256, 256)
+    assert dict(s3.counts) == {"PUT": 4}  # one per shard, nothing read
+    np.testing.assert_array_equal(arr[:], np.arange(256 * 256).reshape(256, 256))
+
+
+def test_rewrite_update_is_one_get_and_one_put(s3: LocalS3) -> None:
+    store = _store(s3, "update.zarr")
+    arr = zarr.create_array(store, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4")
+    arr[:] = 1
+    for i in range(4):
+        s3.reset()
+        arr[i * 32 : (i + 1) * 32, 0:32] = i
+        assert dict(s3.counts) == {"GET": 1, "PUT": 1}
+    assert arr[:, 0].tolist() == [v for v in range(4) for _ in range(32)]
+
+
+def test_cold_chunk_read_is_two_ranged_gets(s3: LocalS3) -> None:
+    store = _store(s3, "read.zarr")
+    arr = zarr.create_array(store, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4")
+    arr[:] = 3
+    s3.reset()
+    assert arr[40, 40] == 3
+    assert dict(s3.counts) == {"GET": 2}  # the metadata is known; index, then chunk
+
+
+def test_listing_and_erasing_on_s3(s3: LocalS3) -> None:
+    store = _store(s3, "list.zarr")
+    arr = zarr.create_array(store, name="a", shape=(128, 128), chunks=(32, 32), dtype="u1")
+    arr[0:32, 0:32] = 1
+    arr[96:, 96:] = 2
+    async def listing() -> list[str]:
+        return sorted([k async for k in store.list_prefix("a/c/")])
+
+    keys = asyncio.run(listing())
+    assert keys == ["a/c/0/0", "a/c/3/3"]
+    asyncio.run(store.delete_dir("a"))
+    assert asyncio.run(listing()) == []
