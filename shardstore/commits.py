@@ -107,7 +107,7 @@ class CommitQueue(Generic[T]):
         ready: Ready[T],
         slots: Callable[[], int],
         *,
-        linger_s: float = 0.002,
+        linger_s: float = 0.005,
     ) -> None:
         self._commit = commit
         self._ready = ready

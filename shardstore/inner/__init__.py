@@ -1,0 +1,69 @@
+"""Adapters that give every kind of wrapped storage the same small async API.
+
+shardstore needs only whole and ranged reads (singly and batched), writes,
+read-modify-writes, appends, deletes, sizes and listings. Each adapter maps
+those onto its storage's own primitives: a zarr ``Store``, an fsspec file
+system (its async API where it has one, threads otherwise), local files
+(replaced atomically), or a plain mapping. Failures other than "not found"
+become :class:`~shardstore.errors.InnerStoreError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.mapping import FSMap
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore
+
+from shardstore.inner.base import UNCHANGED, AppendBuilder, Change, InnerStore, slice_range
+from shardstore.inner.fsspec_fs import FsspecInner
+from shardstore.inner.local import LocalInner
+from shardstore.inner.zarr_store import MappingInner, ZarrInner
+
+__all__ = [
+    "UNCHANGED",
+    "AppendBuilder",
+    "Change",
+    "FsspecInner",
+    "InnerStore",
+    "LocalInner",
+    "MappingInner",
+    "ZarrInner",
+    "adapt",
+    "slice_range",
+]
+
+
+def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerStore:
+    """The adapter for whatever the user passed as the inner store."""
+    if isinstance(inner, InnerStore):
+        return inner
+    if isinstance(inner, str | os.PathLike):
+        fs, root = fsspec.url_to_fs(str(inner), **(storage_options or {}))
+        return _from_fs(fs, root)
+    if storage_options:
+        raise TypeError("storage_options only apply when the inner store is given as a URL")
+    if isinstance(inner, FSMap):
+        return _from_fs(inner.fs, inner.root)
+    if isinstance(inner, LocalStore):
+        return LocalInner(inner.root)
+    if isinstance(inner, FsspecStore):  # ours creates parent directories; zarr's does not
+        return _from_fs(getattr(inner.fs, "sync_fs", inner.fs), inner.path)
+    if isinstance(inner, Store):
+        return ZarrInner(inner)
+    if isinstance(inner, MutableMapping):
+        return MappingInner(inner)
+    raise TypeError(
+        f"cannot wrap {type(inner).__name__}: pass an fsspec mapper, a URL, a zarr Store or a MutableMapping"
+    )
+
+
+def _from_fs(fs: fsspec.AbstractFileSystem, root: str) -> InnerStore:
+    if isinstance(fs, LocalFileSystem):
+        return LocalInner(root)
+    return FsspecInner(fs, root)

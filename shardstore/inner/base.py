@@ -1,0 +1,101 @@
+"""The interface every inner-store adapter implements, and what they share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+from shardstore.errors import InnerStoreError
+
+AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
+UNCHANGED = b"<unchanged>"
+"""Returned by an update's change function: leave the object as it is (compared by identity)."""
+Change = Callable[[bytes | None], bytes | None]
+TEMP_SUFFIXES = (".partial", ".appending")
+"""Our own temporary files beside objects in a directory: never listed as keys."""
+
+
+@contextlib.contextmanager
+def failure(op: str, key: str) -> Iterator[None]:
+    """Turn a storage failure into an InnerStoreError naming the operation and key."""
+    try:
+        yield
+    except InnerStoreError:
+        raise
+    except Exception as exc:
+        raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def slice_range(value: bytes, byte_range: ByteRequest | None) -> bytes:
+    """Apply a byte request to a whole value (short data past the end, like zarr's stores)."""
+    if byte_range is None:
+        return value
+    if isinstance(byte_range, RangeByteRequest):
+        return value[byte_range.start : byte_range.end]
+    if isinstance(byte_range, OffsetByteRequest):
+        return value[byte_range.offset :]
+    if isinstance(byte_range, SuffixByteRequest):
+        return value[max(len(value) - byte_range.suffix, 0) :]
+    raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+
+def names_under(keys: Iterator[str] | list[str], prefix: str) -> list[str]:
+    """First path segments below ``prefix`` (which is "" or ends with "/")."""
+    return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys if k.startswith(prefix) and k != prefix})
+
+
+class InnerStore(ABC):
+    """The wrapped storage as seen by the sharding layer."""
+
+    @abstractmethod
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None: ...
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        """Several reads in one batch; adapters with a batched range API override this."""
+        return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+
+    @abstractmethod
+    async def set(self, key: str, value: bytes) -> None: ...
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+
+    @abstractmethod
+    async def getsize(self, key: str) -> int | None: ...
+
+    async def exists(self, key: str) -> bool:
+        return await self.getsize(key) is not None
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]: ...
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
+
+    async def update(self, key: str, change: Change) -> None:
+        """Read-modify-write one object: ``change(old)`` returns the new bytes, None to
+        delete, or ``UNCHANGED``. Adapters that can do it in one step override this."""
+        old = await self.get(key)
+        new = change(old)
+        if new is None:
+            if old is not None:
+                await self.delete(key)
+        elif new is not UNCHANGED:
+            await self.set(key, new)
+
+    supports_append = False
+
+    async def append(self, key: str, build: AppendBuilder) -> bool:
+        """Append ``build(size, read)`` to an existing object, holding it exclusively.
+
+        ``build`` gets the object's size and a ``read(start, stop)`` function and
+        returns the bytes to append (None: nothing). Returns False, doing nothing,
+        if there is no such object. Only stores that can append implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot append")

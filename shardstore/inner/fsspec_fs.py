@@ -1,0 +1,164 @@
+"""fsspec file systems: the async API on its home event loop, else threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+from shardstore.inner.base import InnerStore, failure, slice_range
+
+
+class FsspecInner(InnerStore):
+    """An fsspec file system below ``root``: its async API where it has one, else
+    its sync API in worker threads (inline for the in-memory file system)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self._async_fs = _asynchronous_copy(fs)
+        self._home_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+        self._inline = isinstance(fs, MemoryFileSystem)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FsspecInner) and self.fs == other.fs and self.root == other.root
+
+    def __repr__(self) -> str:
+        return f"{self.fs.protocol}:{self.root}"
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._async_fs is not None:
+            return await self._call_async(name, *args, **kwargs)
+        method: Callable[..., Any] = getattr(self.fs, name)
+        if self._inline:
+            return method(*args, **kwargs)
+        return await asyncio.to_thread(method, *args, **kwargs)
+
+    async def _call_async(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """An async file system's sessions belong to the event loop that first used
+        them: run there, hopping over from any other loop (zarr's own loop and a
+        user's ``asyncio.run`` may both use one store). If that loop has ended,
+        start afresh on this one."""
+        current = asyncio.get_running_loop()
+        with self._loop_lock:
+            home = self._home_loop
+            if home is None or home.is_closed() or not home.is_running():
+                if home is not None:
+                    self._async_fs = _asynchronous_copy(self.fs, fresh=True)
+                self._home_loop = home = current
+            fs = self._async_fs
+        call = getattr(fs, "_" + name)(*args, **kwargs)
+        if home is current:
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, home))
+
+    @staticmethod
+    def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
+        if byte_range is None:
+            return None, None
+        if isinstance(byte_range, RangeByteRequest):
+            return byte_range.start, byte_range.end
+        if isinstance(byte_range, OffsetByteRequest):
+            return byte_range.offset, None
+        if isinstance(byte_range, SuffixByteRequest):
+            return -byte_range.suffix, None
+        raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        # A whole object is read as the range "from 0": s3fs sends a HEAD before an
+        # un-ranged GET, never before a ranged one.
+        start, end = self._limits(byte_range) if byte_range is not None else (0, None)
+        with failure("read", key):
+            try:
+                return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+            except (OSError, ValueError):
+                if start is not None and start > 0:
+                    raise
+                # An empty object has no byte 0 (S3 answers 416); a suffix longer than the
+                # object makes some file systems seek before 0: read it whole instead.
+                try:
+                    whole = bytes(await self._call("cat_file", self._path(key)))
+                except (FileNotFoundError, IsADirectoryError):
+                    return None
+                return slice_range(whole, byte_range)
+
+    async def set(self, key: str, value: bytes) -> None:
+        with failure("write", key):
+            path = self._path(key)
+            try:
+                await self._call("pipe_file", path, value)
+            except FileNotFoundError:
+                # A file system with real directories: create the parents, once. Object
+                # stores never get here, so they pay no extra request per write.
+                await self._call("makedirs", path.rpartition("/")[0], exist_ok=True)
+                await self._call("pipe_file", path, value)
+
+    async def delete(self, key: str) -> None:
+        with failure("delete", key), contextlib.suppress(FileNotFoundError):
+            await self._call("rm_file", self._path(key))
+
+    async def getsize(self, key: str) -> int | None:
+        with failure("size", key):
+            try:
+                info = await self._call("info", self._path(key))
+            except FileNotFoundError:
+                return None
+            return int(info["size"]) if info.get("type") == "file" else None
+
+    async def _find(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rpartition("/")[0])
+        try:
+            paths = await self._call("find", base)
+        except FileNotFoundError:
+            return []
+        cut = len(self.root) + 1 if self.root else 0
+        keys = [p[cut:] if p.startswith(self.root) else p for p in map(self.fs._strip_protocol, paths)]
+        return [k for k in keys if k.startswith(prefix)]
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with failure("list", prefix):
+            keys = await self._find(prefix)
+        for key in keys:
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with failure("list", prefix):
+            try:
+                paths = await self._call("ls", self._path(prefix.rstrip("/")), detail=False)
+            except FileNotFoundError:
+                paths = []
+        names = sorted({self.fs._strip_protocol(p).rstrip("/").rpartition("/")[2] for p in paths})
+        for name in names:
+            yield name
+
+
+def _asynchronous_copy(
+    fs: fsspec.AbstractFileSystem, *, fresh: bool = False
+) -> fsspec.AbstractFileSystem | None:
+    """An instance of an async file system to drive from an event loop (``fresh``:
+    never one fsspec cached, whose sessions may belong to a loop that has ended)."""
+    if not getattr(fs, "async_impl", False):
+        return None
+    if getattr(fs, "asynchronous", False) and not fresh:
+        return fs
+    try:
+        spec = json.loads(fs.to_json())
+        spec["asynchronous"] = True
+        if fresh:
+            spec["skip_instance_cache"] = True
+        return fsspec.AbstractFileSystem.from_json(json.dumps(spec))
+    except Exception:  # not serialisable: use its sync API in threads instead
+        return None

@@ -1,0 +1,202 @@
+"""Local directories: atomic replacement, appends under a lock, a crash journal."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+from shardstore.inner.base import TEMP_SUFFIXES, UNCHANGED, AppendBuilder, Change, InnerStore, failure
+
+
+class LocalInner(InnerStore):
+    """A local directory. Objects are replaced atomically (temporary file, then
+    rename), so neither a concurrent reader nor a crash ever sees half a shard."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalInner) and self.root == other.root
+
+    def __repr__(self) -> str:
+        return f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        with failure("read", key):
+            return await asyncio.to_thread(self._read, self._path(key), byte_range)
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        # One thread hop for the whole batch: local reads are fast, hops are not.
+        with failure("read", requests[0][0] if requests else ""):
+            return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
+
+    @staticmethod
+    def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                if byte_range is None:
+                    return f.read()
+                if isinstance(byte_range, RangeByteRequest):
+                    f.seek(byte_range.start)
+                    return f.read(max(byte_range.end - byte_range.start, 0))
+                if isinstance(byte_range, OffsetByteRequest):
+                    f.seek(byte_range.offset)
+                    return f.read()
+                if isinstance(byte_range, SuffixByteRequest):
+                    # A shard's index: appends hold the file exclusively while they extend
+                    # it, so a shared lock sees the whole old tail or the whole new one.
+                    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+                    f.seek(max(os.fstat(f.fileno()).st_size - byte_range.suffix, 0))
+                    return f.read(byte_range.suffix)
+                raise TypeError(f"Unexpected byte_range, got {byte_range}")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    async def set(self, key: str, value: bytes) -> None:
+        with failure("write", key):
+            await asyncio.to_thread(self._write, self._path(key), value)
+
+    @staticmethod
+    def _write(path: Path, value: bytes) -> None:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        try:
+            for attempt in range(3):  # a concurrent delete may prune the directory we just made
+                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(value)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            if path.is_dir():
+                path.rmdir()  # an empty directory left by another layout; never one with files
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    async def delete(self, key: str) -> None:
+        with failure("delete", key):
+            await asyncio.to_thread(self._unlink, self._path(key))
+
+    async def update(self, key: str, change: Change) -> None:
+        # Read, change and replace in one worker-thread hop rather than two.
+        with failure("update", key):
+            await asyncio.to_thread(self._update, self._path(key), change)
+
+    def _update(self, path: Path, change: Change) -> None:
+        old = self._read(path, None)
+        new = change(old)
+        if new is None:
+            if old is not None:
+                self._unlink(path)
+        elif new is not UNCHANGED:
+            self._write(path, new)
+
+    def _unlink(self, path: Path) -> None:
+        """Delete a file and the directories it leaves empty, as an object store would."""
+        path.unlink(missing_ok=True)
+        for parent in path.parents:
+            if parent == self.root or self.root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone): stop
+                break
+
+    async def getsize(self, key: str) -> int | None:
+        with failure("size", key):
+            try:
+                path = self._path(key)
+                return path.stat().st_size if path.is_file() else None
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+
+    def _walk(self, prefix: str) -> list[str]:
+        base, _, _ = prefix.rpartition("/")
+        top = self._path(base)
+        keys: list[str] = []
+        for dirpath, _dirs, files in os.walk(top):
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in files:
+                if name.endswith(TEMP_SUFFIXES):
+                    continue
+                key = name if rel == "." else f"{rel}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return keys
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with failure("list", prefix):
+            keys = await asyncio.to_thread(self._walk, prefix)
+        for key in keys:
+            yield key
+
+    supports_append = True
+
+    async def append(self, key: str, build: AppendBuilder) -> bool:
+        with failure("append to", key):
+            return await asyncio.to_thread(self._append, self._path(key), build)
+
+    @staticmethod
+    def _journal(path: Path) -> Path:
+        return path.with_name(f".{path.name}.appending")
+
+    def _append(self, path: Path, build: AppendBuilder) -> bool:
+        """Append under an exclusive lock. A journal holding the old size exists while
+        bytes are being appended; if a crash leaves it behind, the next append cuts the
+        object back to that size, so the old index is the last bytes again."""
+        try:
+            f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+        with f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            fd = f.fileno()
+            journal = self._journal(path)
+            if journal.exists():
+                os.ftruncate(fd, int(journal.read_text() or os.fstat(fd).st_size))
+                journal.unlink()
+            size = os.fstat(fd).st_size
+            payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
+            if payload:
+                journal.write_text(str(size))
+                try:
+                    os.pwrite(fd, payload, size)
+                except BaseException:
+                    os.ftruncate(fd, size)
+                    raise
+                journal.unlink()
+        return True
+
+    def _children(self, prefix: str) -> list[str]:
+        """One directory level; subdirectories only if some file lies below them."""
+        try:
+            entries = list(os.scandir(self._path(prefix.rstrip("/"))))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(
+            e.name
+            for e in entries
+            if not e.name.endswith(TEMP_SUFFIXES)
+            and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
+        )
+
+    @staticmethod
+    def _holds_file(directory: str) -> bool:
+        return any(files for _, _, files in os.walk(directory))
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with failure("list", prefix):
+            names = await asyncio.to_thread(self._children, prefix)
+        for name in names:
+            yield name
