@@ -1,9 +1,76 @@
-"""Command line: ``shardstore demo`` (and ``python -m shardstore``)."""
+"""Command line: ``shardstore`` (also ``python -m shardstore``).
+
+Stores are given as fsspec URLs (``file:///data/x.zarr``, ``s3://bucket/x.zarr``);
+``--storage-options`` takes a JSON object for the file system.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
+
+from shardstore.errors import ShardStoreError
+
+
+def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    from shardstore.store import ShardingStore
+
+    options = json.loads(args.storage_options) if args.storage_options else None
+    return ShardingStore(args.url, storage_options=options, **kwargs)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from zarr.core.sync import sync
+
+    store = _store(args, read_only=True)
+
+    async def keys() -> list[str]:
+        return sorted([k async for k in store.list_prefix(args.prefix)])
+
+    for key in sync(keys()):
+        print(key)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from shardstore.maintenance import info
+
+    reports = info(_store(args, read_only=True), args.prefix)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+        return 0
+    print(
+        f"{'array':<30} {'sharded':>12} {'shards':>7} {'chunks':>13} {'fill':>6} {'bytes':>14} {'dead':>12}"
+    )
+    for r in reports:
+        cps = "x".join(map(str, r.chunks_per_shard)) if r.chunks_per_shard else "no"
+        print(
+            f"{r.path or '/':<30} {cps:>12} {r.shards:>7} {r.chunks:>6}/{r.grid_chunks:<6} "
+            f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,}"
+        )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from shardstore.maintenance import verify
+
+    damaged = verify(_store(args, read_only=True), args.prefix, decode=args.decode)
+    for key, problem in sorted(damaged.items()):
+        print(f"DAMAGED {key}: {problem}")
+    print(f"{len(damaged)} damaged object(s)" if damaged else "all shards intact", file=sys.stderr)
+    return 1 if damaged else 0
+
+
+def _compact(args: argparse.Namespace) -> int:
+    from shardstore.maintenance import compact
+
+    done = compact(_store(args), args.prefix)
+    for report in done:
+        print(f"compacted {report.key}: {report.dead_bytes:,} dead bytes removed", file=sys.stderr)
+    print(f"{len(done)} shard(s) compacted, {sum(r.dead_bytes for r in done):,} bytes freed")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,12 +78,31 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="write a sample array sharded and unsharded, compare")
     demo.add_argument("--dir", help="where to write (default: a temporary directory)")
+    for name, helptext in (
+        ("ls", "logical keys, as zarr sees them"),
+        ("info", "arrays, shards, chunks present, fill ratio, dead bytes"),
+        ("verify", "check every shard index and chunk range; exit 1 naming damaged keys"),
+        ("compact", "rewrite shards that carry dead bytes"),
+    ):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("url", help="the store, as an fsspec URL")
+        cmd.add_argument("prefix", nargs="?", default="", help="only keys under this prefix")
+        cmd.add_argument("--storage-options", help="JSON object of file-system options")
+        if name == "info":
+            cmd.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "verify":
+            cmd.add_argument("--decode", action="store_true", help="also decode every chunk through zarr")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from shardstore.demo import run_demo
 
         return run_demo(args.dir)
-    return 2
+    handlers = {"ls": _ls, "info": _info, "verify": _verify, "compact": _compact}
+    try:
+        return handlers[args.command](args)
+    except ShardStoreError as exc:
+        print(f"shardstore {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,13 +14,26 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from zarr.core.sync import sync
 
-from shardstore.format import MISSING, ShardIndex, ShardLayout
+from shardstore.errors import ShardFormatError
+from shardstore.format import MISSING, ShardIndex, ShardLayout, split_shard
+from shardstore.keys import join_path
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress
     from shardstore.store import ShardingStore
 
-__all__ = ["ShardReport", "compact", "compact_async", "shard_reports", "shard_reports_async"]
+__all__ = [
+    "ArrayReport",
+    "ShardReport",
+    "compact",
+    "compact_async",
+    "info",
+    "info_async",
+    "shard_reports",
+    "shard_reports_async",
+    "verify",
+    "verify_async",
+]
 
 
 @dataclass(frozen=True)
@@ -97,3 +110,89 @@ def shard_reports(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
 
 def compact(store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1) -> list[ShardReport]:
     return sync(compact_async(store, prefix, min_dead_bytes=min_dead_bytes))
+
+
+@dataclass(frozen=True)
+class ArrayReport:
+    path: str
+    sharded: bool
+    chunks_per_shard: list[int] | None
+    grid_chunks: int
+    """Chunks in the array's chunk grid."""
+    chunks: int
+    """Chunks present (in shard indices, or as objects for an unsharded array)."""
+    shards: int
+    stored_bytes: int
+    dead_bytes: int
+
+    @property
+    def fill_ratio(self) -> float:
+        return self.chunks / self.grid_chunks if self.grid_chunks else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fill_ratio": self.fill_ratio}
+
+
+async def info_async(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
+    """Per array under ``prefix``: shards, chunks present, fill ratio, stored and dead bytes."""
+    keys = [k async for k in store.list_prefix(prefix)]
+    arrays = sorted({k.rpartition("/")[0] for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zarray")})
+    survey = await _survey(store, prefix)
+    reports = []
+    for path in arrays:
+        info = await store._catalog.lookup(path)
+        if info is None:
+            continue
+        mine = [r for s, r in survey if s.info.path == path]
+        chunk_keys = [k for k in keys if info.coords(k) is not None]
+        sizes = [r.nbytes for r in mine] if info.layout else [await store.getsize(k) for k in chunk_keys]
+        reports.append(
+            ArrayReport(
+                path=path,
+                sharded=info.layout is not None,
+                chunks_per_shard=list(info.layout.chunks_per_shard) if info.layout else None,
+                grid_chunks=int(np.prod(info.grid_shape)),
+                chunks=len(chunk_keys),
+                shards=len(mine),
+                stored_bytes=int(sum(sizes)),
+                dead_bytes=sum(r.dead_bytes for r in mine),
+            )
+        )
+    return reports
+
+
+async def verify_async(store: ShardingStore, prefix: str = "", *, decode: bool = False) -> dict[str, str]:
+    """Check every shard's index and chunk ranges (and, with ``decode``, decode every
+    chunk through zarr). Returns damaged key -> what is wrong (empty: all is well)."""
+    damaged: dict[str, str] = {}
+    shards, _ = await store._scan(prefix)
+    for shard in shards:
+        blob = await store._inner.get(shard.key)
+        try:
+            split_shard(shard.layout, blob or b"", shard.key)
+        except ShardFormatError as exc:
+            damaged[shard.key] = str(exc)
+    if decode:
+        import zarr
+
+        for report in await info_async(store, prefix):
+            arr = await zarr.api.asynchronous.open_array(store=store, path=report.path, mode="r")
+            array = await store._catalog.lookup(report.path)
+            async for key in store.list_prefix(join_path(report.path, "")):
+                coords = None if array is None else array.coords(key)
+                if coords is None:
+                    continue
+                region = tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, arr.chunks, strict=True))
+                try:
+                    await arr.getitem(region)
+                except Exception as exc:
+                    damaged.setdefault(key, f"chunk {key!r} does not decode: {type(exc).__name__}: {exc}")
+    return damaged
+
+
+def info(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
+    return sync(info_async(store, prefix))
+
+
+def verify(store: ShardingStore, prefix: str = "", *, decode: bool = False) -> dict[str, str]:
+    return sync(verify_async(store, prefix, decode=decode))

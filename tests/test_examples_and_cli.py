@@ -32,3 +32,61 @@ def test_example_runs(tmp_path: Path) -> None:
     ).stdout
     assert "11 objects on disk" in out
     assert "89 chunks left" in out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardstore", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def _sharded_dir(tmp_path: Path, **kwargs: object) -> str:
+    import numpy as np
+    import zarr
+
+    from shardstore import ShardingStore
+
+    url = f"file://{tmp_path}/x.zarr"
+    store = ShardingStore(url, chunks_per_shard=(2, 2), **kwargs)  # type: ignore[arg-type]
+    arr = zarr.create_array(store, name="g/a", shape=(8, 8), chunks=(2, 2), dtype="i4", compressors=None)
+    arr[:] = np.arange(64).reshape(8, 8)
+    arr[0:2, 0:2] = 7  # with append: one dead chunk and index
+    zarr.create_array(store, name="plain", shape=(4,), chunks=(2,), dtype="u1")[:] = 1
+    return url
+
+
+def test_cli_ls_and_info(tmp_path: Path) -> None:
+    url = _sharded_dir(tmp_path)
+    listed = _cli("ls", url, "g/a/c/1/").stdout.split()
+    assert listed == [f"g/a/c/1/{j}" for j in range(4)]
+    import json
+
+    reports = {r["path"]: r for r in json.loads(_cli("info", url, "--json").stdout)}
+    assert (
+        reports["g/a"]["shards"] == 4
+        and reports["g/a"]["chunks"] == 16
+        and reports["g/a"]["fill_ratio"] == 1.0
+    )
+    assert reports["plain"]["sharded"] is False and reports["plain"]["chunks"] == 2
+
+
+def test_cli_verify_names_damaged_shards(tmp_path: Path) -> None:
+    url = _sharded_dir(tmp_path)
+    assert _cli("verify", url, "--decode").returncode == 0
+    shard = tmp_path / "x.zarr" / "g" / "a" / "c" / "1" / "0"
+    shard.write_bytes(shard.read_bytes()[:-5])
+    result = _cli("verify", url)
+    assert result.returncode == 1
+    assert "g/a/c/1/0" in result.stdout and "DAMAGED" in result.stdout
+
+
+def test_cli_compact_removes_dead_bytes(tmp_path: Path) -> None:
+    url = _sharded_dir(tmp_path, write_strategy="append")
+    import json
+
+    dead = json.loads(_cli("info", url, "--json").stdout)[0]["dead_bytes"]
+    assert dead > 0
+    result = _cli("compact", url)
+    assert result.returncode == 0 and "1 shard(s) compacted" in result.stdout
+    assert json.loads(_cli("info", url, "--json").stdout)[0]["dead_bytes"] == 0
+    assert _cli("verify", url, "--decode").returncode == 0

@@ -65,6 +65,7 @@ def test_listing_and_erasing_on_s3(s3: LocalS3) -> None:
     arr = zarr.create_array(store, name="a", shape=(128, 128), chunks=(32, 32), dtype="u1")
     arr[0:32, 0:32] = 1
     arr[96:, 96:] = 2
+
     async def listing() -> list[str]:
         return sorted([k async for k in store.list_prefix("a/c/")])
 
