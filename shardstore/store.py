@@ -20,6 +20,7 @@ from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress, locate
 from shardstore.catalog import ArrayCatalog
+from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardFormatError, ShardingConfigError
 from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index
@@ -160,6 +161,7 @@ class ShardingStore(Store):
         self._strategies = (layout, write_strategy, read_strategy)
         self._catalog = ArrayCatalog(self._inner)
         self._writer = ShardWriter(self._inner, write_strategy)
+        self._reads = ReadCoalescer(self.get_partial_values)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
 
@@ -287,7 +289,9 @@ class ShardingStore(Store):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        return (await self.get_partial_values(prototype, [(key, byte_range)]))[0]
+        _check_byte_range(byte_range)
+        check_key(key)
+        return await self._reads.get(prototype, key, byte_range)
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]

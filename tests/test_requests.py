@@ -9,7 +9,7 @@ import numpy as np
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
-from shardstore import ShardingStore
+from shardstore import ShardFormatError, ShardingStore
 from shardstore.instrument import CountingInner
 
 
@@ -101,3 +101,34 @@ def test_listing_reads_only_indices() -> None:
     assert _keys(store.list_prefix("a/")) == ["a/c/0/0", "a/c/5/7", "a/zarr.json"]
     assert counted.counts.reads == 2  # metadata known from zarr's own writes: just the 2 indices
     assert counted.counts.bytes_read <= 2 * 16 * 16 + 2000
+
+
+async def test_concurrent_gets_share_index_reads_and_one_batch() -> None:
+    counted = CountingInner({})
+    store = ShardingStore(counted, chunks_per_shard=(4, 4))
+    arr = await zarr.api.asynchronous.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2")
+    await arr.setitem(slice(None), np.arange(256, dtype="u2").reshape(16, 16))
+    counted.counts.reset()
+    proto = default_buffer_prototype()
+    keys = [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]  # all 16 chunks of shard (0, 0)
+    values = await asyncio.gather(*(store.get(k, proto) for k in keys))
+    assert all(v is not None for v in values)
+    assert counted.counts.read_keys["a/c/0/0"] == 1 + 16  # one index read, then 16 ranges
+    assert counted.counts.read_batches == 2
+
+
+async def test_a_corrupt_shard_fails_only_its_own_reads() -> None:
+    backing: dict[str, Any] = {}
+    store = ShardingStore(backing, chunks_per_shard=(2, 2))
+    arr = await zarr.api.asynchronous.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1")
+    await arr.setitem(slice(None), 1)
+    backing["a/c/1/1"] = b"garbage"
+    proto = default_buffer_prototype()
+    results = await asyncio.gather(
+        store.get("a/c/0/0", proto),
+        store.get("a/c/2/2", proto),
+        store.get("a/c/1/0", proto),
+        return_exceptions=True,
+    )
+    assert results[0] is not None and results[2] is not None
+    assert isinstance(results[1], ShardFormatError) and "a/c/1/1" in str(results[1])

@@ -1,0 +1,87 @@
+"""Read coalescing: concurrent single-key reads become one batched read.
+
+zarr reads an array as many concurrent ``get()`` calls, one per chunk. Those
+arriving in the same event-loop turn are served by one
+``get_partial_values`` call, which reads each shard's index once and fetches
+all the chunk ranges in one inner batch. If the batch fails, each read is
+retried alone, so one corrupt shard fails only the reads that touch it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from zarr.abc.store import ByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
+
+__all__ = ["ReadCoalescer"]
+
+Fetch: TypeAlias = Callable[
+    [BufferPrototype, list[tuple[str, ByteRequest | None]]], Awaitable[list[Buffer | None]]
+]
+
+
+@dataclass(eq=False)
+class _Batch:
+    prototype: BufferPrototype
+    requests: list[tuple[str, ByteRequest | None]] = field(default_factory=list)
+    futures: list[asyncio.Future[Buffer | None]] = field(default_factory=list)
+
+
+class ReadCoalescer:
+    def __init__(self, fetch: Fetch) -> None:
+        self._fetch = fetch
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[asyncio.AbstractEventLoop, type], _Batch] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def get(
+        self, prototype: BufferPrototype, key: str, byte_range: ByteRequest | None
+    ) -> Buffer | None:
+        loop = asyncio.get_running_loop()
+        slot = (loop, prototype.buffer)  # batches share an output buffer type
+        future: asyncio.Future[Buffer | None] = loop.create_future()
+        with self._lock:
+            batch = self._pending.get(slot)
+            if batch is None:
+                batch = self._pending[slot] = _Batch(prototype)
+                task = loop.create_task(self._run(slot, batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            batch.requests.append((key, byte_range))
+            batch.futures.append(future)
+        return await future
+
+    async def _run(self, slot: tuple[asyncio.AbstractEventLoop, type], batch: _Batch) -> None:
+        await asyncio.sleep(0)  # one loop turn: reads already under way join
+        with self._lock:
+            del self._pending[slot]
+        try:
+            values = await self._fetch(batch.prototype, batch.requests)
+        except Exception:
+            if len(batch.requests) == 1:
+                values = None
+            else:  # isolate the failure: each read alone, each with its own outcome
+                await asyncio.gather(*(self._alone(batch, i) for i in range(len(batch.requests))))
+                return
+        if values is None:
+            await self._alone(batch, 0)
+            return
+        for future, value in zip(batch.futures, values, strict=True):
+            if not future.done():
+                future.set_result(value)
+
+    async def _alone(self, batch: _Batch, i: int) -> None:
+        future = batch.futures[i]
+        try:
+            (value,) = await self._fetch(batch.prototype, [batch.requests[i]])
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+        else:
+            if not future.done():
+                future.set_result(value)
