@@ -12,7 +12,7 @@ benchmarks assert on these. Wrap any inner store::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-from shardstore.inner import UNCHANGED, AppendBuilder, Change, InnerStore, adapt
+from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, adapt
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
 
@@ -77,6 +77,17 @@ class CountingInner(InnerStore):
         values = await self.inner.get_many(requests)
         self._count_reads(requests, values)
         return values
+
+    @property
+    def supports_versions(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_versions
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        results = await self.inner.get_many_versioned(requests, expected)
+        self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
+        return results
 
     async def set(self, key: str, value: bytes) -> None:
         await self.inner.set(key, value)

@@ -10,7 +10,7 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -24,7 +24,8 @@ from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardFormatError, ShardingConfigError
 from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index
-from shardstore.inner import adapt, slice_range
+from shardstore.index_cache import IndexCache
+from shardstore.inner import STALE, adapt, slice_range
 from shardstore.keys import check_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
@@ -44,6 +45,7 @@ from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 __all__ = ["ShardingStore"]
 
 ReadStrategy = Literal["auto", "chunk"]
+IndexCacheMode = Literal["auto", "trust", "off"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
 _ADDRESS_CACHE = 1 << 17
@@ -144,6 +146,8 @@ class ShardingStore(Store):
         index_checksum: bool = False,
         write_strategy: WriteStrategy = "rewrite",
         read_strategy: ReadStrategy = "auto",
+        index_cache: IndexCacheMode = "auto",
+        index_cache_bytes: int = 64 * 2**20,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
@@ -151,6 +155,7 @@ class ShardingStore(Store):
             ("layout", layout, ("transformer",)),
             ("write_strategy", write_strategy, ("rewrite", "append")),
             ("read_strategy", read_strategy, ("auto", "chunk")),
+            ("index_cache", index_cache, ("auto", "trust", "off")),
         ):
             if value not in allowed:
                 raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
@@ -158,9 +163,13 @@ class ShardingStore(Store):
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
-        self._strategies = (layout, write_strategy, read_strategy)
+        self._strategies = (layout, write_strategy, read_strategy, index_cache, index_cache_bytes)
         self._catalog = ArrayCatalog(self._inner)
-        self._writer = ShardWriter(self._inner, write_strategy)
+        # "auto": only where a read can check the cached index's version for free
+        caching = index_cache == "trust" or (index_cache == "auto" and self._inner.supports_versions)
+        self._indices = IndexCache(index_cache_bytes if caching else 0)
+        self._validate = index_cache == "auto"
+        self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._indices.drop)
         self._reads = ReadCoalescer(self.get_partial_values)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
@@ -168,7 +177,7 @@ class ShardingStore(Store):
     # -- identity -------------------------------------------------------------
 
     def _init_kwargs(self) -> dict[str, Any]:
-        layout, write_strategy, read_strategy = self._strategies
+        layout, write_strategy, read_strategy, index_cache, index_cache_bytes = self._strategies
         return {
             "inner": self._inner_arg,
             "chunks_per_shard": self._policy.chunks_per_shard,
@@ -177,6 +186,8 @@ class ShardingStore(Store):
             "index_checksum": self._policy.index_checksum,
             "write_strategy": write_strategy,
             "read_strategy": read_strategy,
+            "index_cache": index_cache,
+            "index_cache_bytes": index_cache_bytes,
             "storage_options": self._storage_options,
         }
 
@@ -325,59 +336,103 @@ class ShardingStore(Store):
                     buffered.append((slot, byte_range, pending))
                     chunks.append((slot, where, None))
 
-        entries = await self._index_entries([c for _, c, _ in chunks])
-        reads: list[tuple[str, ByteRequest | None]] = []
-        checks: list[tuple[int, ChunkAddress | None, int]] = []  # slot, chunk, expected length
-        for (slot, chunk, byte_range), entry in zip(chunks, entries, strict=True):
-            if entry is None:
-                continue
-            start, stop = _sub_range(*entry, byte_range)
-            if start == stop:
-                results[slot] = b""
-                continue
-            reads.append((chunk.shard.key, RangeByteRequest(start, stop)))
-            checks.append((slot, chunk, stop - start))
-        for slot, key, byte_range in direct:
-            reads.append((key, byte_range))
-            checks.append((slot, None, -1))
-
-        meta_values, values = await asyncio.gather(
+        meta_values, chunk_values, direct_values = await asyncio.gather(
             asyncio.gather(*(self._get_metadata(key, byte_range) for _, key, byte_range in metadata)),
-            self._inner.get_many(reads) if reads else asyncio.sleep(0, []),
+            self._read_chunks([(c, r) for _, c, r in chunks]),
+            self._inner.get_many([(k, r) for _, k, r in direct]) if direct else asyncio.sleep(0, []),
         )
         for (slot, _, _), value in zip(metadata, meta_values, strict=True):
             results[slot] = value
-        for (slot, owner, expected), value in zip(checks, values, strict=True):
-            if owner is not None and (value is None or len(value) != expected):
-                raise ShardFormatError(
-                    f"shard {owner.shard.key!r}: chunk {owner.key!r} runs past the end of the "
-                    f"shard object (wanted {expected} bytes, got {0 if value is None else len(value)})"
-                )
+        for (slot, _, _), value in zip(chunks, chunk_values, strict=True):
+            results[slot] = value
+        for (slot, _, _), value in zip(direct, direct_values, strict=True):
             results[slot] = value
         for slot, byte_range, pending in buffered:
             value = apply_updates(results[slot], pending)
             results[slot] = None if value is None else slice_range(value, byte_range)
         return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
 
-    async def _index_entries(self, chunks: list[ChunkAddress]) -> list[tuple[int, int] | None]:
-        """``(offset, nbytes)`` of each chunk, None where absent; one inner batch."""
+    async def _read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
+        """Chunk bytes (ranges of them): shard indices from the cache or one inner batch,
+        then the ranges in one batch. Where a cached index turns out stale (the read
+        checks the shard's version for free), those chunks are read again afresh."""
+        results: list[bytes | None] = [None] * len(chunks)
+        todo = list(range(len(chunks)))
+        for fresh in (False, True):
+            entries = await self._index_entries([chunks[i][0] for i in todo], fresh=fresh)
+            reads: list[tuple[str, ByteRequest | None]] = []
+            expected: list[Hashable | None] = []
+            wanted: list[tuple[int, int]] = []  # slot, length
+            for i, entry in zip(todo, entries, strict=True):
+                if entry is None:
+                    continue
+                offset, nbytes, version = entry
+                start, stop = _sub_range(offset, nbytes, chunks[i][1])
+                if start == stop:
+                    results[i] = b""
+                    continue
+                reads.append((chunks[i][0].shard.key, RangeByteRequest(start, stop)))
+                expected.append(version if self._validate else None)
+                wanted.append((i, stop - start))
+            values = await self._inner.get_many_versioned(reads, expected) if reads else []
+            stale = []
+            for (i, length), (value, _) in zip(wanted, values, strict=True):
+                chunk = chunks[i][0]
+                if value is STALE:
+                    self._indices.drop(chunk.shard.key)
+                    stale.append(i)
+                elif value is None or len(value) != length:
+                    raise ShardFormatError(
+                        f"shard {chunk.shard.key!r}: chunk {chunk.key!r} runs past the end of the "
+                        f"shard object (wanted {length} bytes, got {0 if value is None else len(value)})"
+                    )
+                else:
+                    results[i] = value
+            if not stale:
+                break
+            todo = stale
+        return results
+
+    async def _index_entries(
+        self, chunks: list[ChunkAddress], *, fresh: bool = False
+    ) -> list[tuple[int, int, Hashable | None] | None]:
+        """``(offset, nbytes, shard version)`` of each chunk, None where absent."""
         shards = {c.shard.key: c.shard for c in chunks}
-        indices = dict(zip(shards, await self._read_indices(list(shards.values())), strict=True))
-        out: list[tuple[int, int] | None] = []
+        found = await self._shard_indices(list(shards.values()), fresh=fresh)
+        out: list[tuple[int, int, Hashable | None] | None] = []
         for chunk in chunks:
-            index = indices[chunk.shard.key]
+            index, version = found[chunk.shard.key]
             offset, nbytes = (MISSING, MISSING) if index is None else map(int, index[chunk.position])
-            out.append(None if offset == MISSING else (offset, nbytes))
+            out.append(None if offset == MISSING else (offset, nbytes, version))
         return out
 
+    async def _shard_indices(
+        self, shards: list[ShardAddress], *, fresh: bool = False
+    ) -> dict[str, tuple[ShardIndex | None, Hashable | None]]:
+        """Indices (and versions) of shards: cached ones, the rest in one inner batch."""
+        found: dict[str, tuple[ShardIndex | None, Hashable | None]] = {}
+        missing = []
+        for shard in shards:
+            cached = None if fresh else self._indices.get(shard.key)
+            if cached is None:
+                missing.append(shard)
+            else:
+                found[shard.key] = cached
+        if missing:
+            raws = await self._inner.get_many_versioned(
+                [(s.key, _index_request(s.layout)) for s in missing], [None] * len(missing)
+            )
+            for shard, (raw, version) in zip(missing, raws, strict=True):
+                index = None if raw is None else decode_index(shard.layout, raw, shard.key)
+                if index is not None:
+                    self._indices.put(shard.key, index, version)
+                found[shard.key] = (index, version)
+        return found
+
     async def _read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
-        if not shards:
-            return []
-        raws = await self._inner.get_many([(s.key, _index_request(s.layout)) for s in shards])
-        return [
-            None if raw is None else decode_index(s.layout, raw, s.key)
-            for s, raw in zip(shards, raws, strict=True)
-        ]
+        """Fresh indices for listings and maintenance (never from the cache)."""
+        found = await self._shard_indices(shards, fresh=True)
+        return [found[s.key][0] for s in shards]
 
     async def _get_metadata(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         """A metadata document as zarr must see it: without our transformer entry."""
@@ -530,6 +585,7 @@ class ShardingStore(Store):
 
     async def _delete_object(self, key: str) -> None:
         await self._inner.delete(key)
+        self._indices.drop(key)
         path, name = _split_key(key)
         self._catalog.remember(path, name, None)
 

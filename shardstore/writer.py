@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,9 +57,10 @@ def _describe(keys: list[str], limit: int = 5) -> str:
 
 
 class ShardWriter:
-    def __init__(self, inner: InnerStore, strategy: WriteStrategy) -> None:
+    def __init__(self, inner: InnerStore, strategy: WriteStrategy, on_commit: Callable[[str], None]) -> None:
         self._inner = inner
         self.strategy = strategy
+        self._on_commit = on_commit  # told of every shard key committed to (or attempted)
         self._queue: CommitQueue[_Job] = CommitQueue(
             self._commit, lambda job, updates: covers_shard(job.shard, updates), _zarr_slots
         )
@@ -167,7 +169,14 @@ class ShardWriter:
     # -- commits ------------------------------------------------------------------
 
     async def _commit(self, shard_key: str, job: _Job, updates: dict[int, list[Update]]) -> None:
-        shard = job.shard
+        try:
+            await self._commit_strategy(job.shard, job, updates)
+        finally:
+            self._on_commit(shard_key)
+
+    async def _commit_strategy(
+        self, shard: ShardAddress, job: _Job, updates: dict[int, list[Update]]
+    ) -> None:
         appendable = (
             self.strategy == "append"
             and not job.compact

@@ -20,12 +20,13 @@ from fsspec.mapping import FSMap
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
-from shardstore.inner.base import UNCHANGED, AppendBuilder, Change, InnerStore, slice_range
+from shardstore.inner.base import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, slice_range
 from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.local import LocalInner
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
 
 __all__ = [
+    "STALE",
     "UNCHANGED",
     "AppendBuilder",
     "Change",

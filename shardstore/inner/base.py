@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -15,6 +15,8 @@ AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
 UNCHANGED = b"<unchanged>"
 """Returned by an update's change function: leave the object as it is (compared by identity)."""
 Change = Callable[[bytes | None], bytes | None]
+STALE = b"<stale>"
+"""A versioned read of an object that has changed since (compared by identity)."""
 TEMP_SUFFIXES = (".partial", ".appending")
 """Our own temporary files beside objects in a directory: never listed as keys."""
 
@@ -88,6 +90,17 @@ class InnerStore(ABC):
                 await self.delete(key)
         elif new is not UNCHANGED:
             await self.set(key, new)
+
+    supports_versions = False
+    """Whether reads can report, and check, the version of the object read (cheaply,
+    in the same request): what lets the index cache validate itself for free."""
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        """Reads with each object's version; where ``expected`` is given and the object
+        is at another version, that read returns ``STALE`` and reads nothing."""
+        return [(value, None) for value in await self.get_many(requests)]
 
     supports_append = False
 

@@ -6,12 +6,12 @@ import asyncio
 import fcntl
 import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Hashable, Sequence
 from pathlib import Path
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import TEMP_SUFFIXES, UNCHANGED, AppendBuilder, Change, InnerStore, failure
+from shardstore.inner.base import STALE, TEMP_SUFFIXES, UNCHANGED, AppendBuilder, Change, InnerStore, failure
 
 
 class LocalInner(InnerStore):
@@ -39,27 +39,54 @@ class LocalInner(InnerStore):
         with failure("read", requests[0][0] if requests else ""):
             return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
 
+    supports_versions = True
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        with failure("read", requests[0][0] if requests else ""):
+            return await asyncio.to_thread(
+                lambda: [
+                    self._read_versioned(self._path(k), r, e)
+                    for (k, r), e in zip(requests, expected, strict=True)
+                ]
+            )
+
     @staticmethod
     def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
+        return LocalInner._read_versioned(path, byte_range, None)[0]
+
+    @staticmethod
+    def _read_versioned(
+        path: Path, byte_range: ByteRequest | None, expected: Hashable | None
+    ) -> tuple[bytes | None, Hashable | None]:
+        """A read, with the file's version: (inode, size, mtime). Replacing a shard makes
+        a new inode, appending changes its size, so a cached index can be checked here."""
         try:
             with open(path, "rb") as f:
+                stat = os.fstat(f.fileno())
+                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                if expected is not None and version != expected:
+                    return STALE, version
                 if byte_range is None:
-                    return f.read()
+                    return f.read(), version
                 if isinstance(byte_range, RangeByteRequest):
                     f.seek(byte_range.start)
-                    return f.read(max(byte_range.end - byte_range.start, 0))
+                    return f.read(max(byte_range.end - byte_range.start, 0)), version
                 if isinstance(byte_range, OffsetByteRequest):
                     f.seek(byte_range.offset)
-                    return f.read()
+                    return f.read(), version
                 if isinstance(byte_range, SuffixByteRequest):
                     # A shard's index: appends hold the file exclusively while they extend
                     # it, so a shared lock sees the whole old tail or the whole new one.
                     fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-                    f.seek(max(os.fstat(f.fileno()).st_size - byte_range.suffix, 0))
-                    return f.read(byte_range.suffix)
+                    stat = os.fstat(f.fileno())
+                    version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                    f.seek(max(stat.st_size - byte_range.suffix, 0))
+                    return f.read(byte_range.suffix), version
                 raise TypeError(f"Unexpected byte_range, got {byte_range}")
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
+            return None, None
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):
