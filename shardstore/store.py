@@ -10,7 +10,7 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -336,17 +336,18 @@ class ShardingStore(Store):
                     buffered.append((slot, byte_range, pending))
                     chunks.append((slot, where, None))
 
-        meta_values, chunk_values, direct_values = await asyncio.gather(
-            asyncio.gather(*(self._get_metadata(key, byte_range) for _, key, byte_range in metadata)),
-            self._read_chunks([(c, r) for _, c, r in chunks]),
-            self._inner.get_many([(k, r) for _, k, r in direct]) if direct else asyncio.sleep(0, []),
-        )
-        for (slot, _, _), value in zip(metadata, meta_values, strict=True):
-            results[slot] = value
-        for (slot, _, _), value in zip(chunks, chunk_values, strict=True):
-            results[slot] = value
-        for (slot, _, _), value in zip(direct, direct_values, strict=True):
-            results[slot] = value
+        parts: list[tuple[list[Any], Awaitable[list[bytes | None]]]] = []
+        if chunks:
+            parts.append((chunks, self._read_chunks([(c, r) for _, c, r in chunks])))
+        if direct:
+            parts.append((direct, self._inner.get_many([(k, r) for _, k, r in direct])))
+        if metadata:
+            parts.append((metadata, asyncio.gather(*(self._get_metadata(k, r) for _, k, r in metadata))))
+        # the common case, one chunk, needs no gather (and no tasks)
+        values = [await parts[0][1]] if len(parts) == 1 else await asyncio.gather(*(p for _, p in parts))
+        for (entries, _), part_values in zip(parts, values, strict=True):
+            for entry, value in zip(entries, part_values, strict=True):
+                results[entry[0]] = value
         for slot, byte_range, pending in buffered:
             value = apply_updates(results[slot], pending)
             results[slot] = None if value is None else slice_range(value, byte_range)
