@@ -77,7 +77,7 @@ def _report(key: str, array: str, layout: ShardLayout, index: ShardIndex, nbytes
 async def _survey(store: ShardingStore, prefix: str) -> list[tuple[ShardAddress, ShardReport]]:
     shards, _ = await store._scan(prefix)
     indices, sizes = await asyncio.gather(
-        store._read_indices(shards), asyncio.gather(*(store._inner.getsize(s.key) for s in shards))
+        store._reader.read_indices(shards), asyncio.gather(*(store._inner.getsize(s.key) for s in shards))
     )
     return [
         (s, _report(s.key, s.info.path, s.layout, index, size))

@@ -10,7 +10,7 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from types import TracebackType
 from typing import Any, Literal
 
@@ -22,10 +22,10 @@ from shardstore.addressing import ChunkAddress, ShardAddress, locate
 from shardstore.catalog import ArrayCatalog
 from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
-from shardstore.errors import ChunkKeyError, ShardFormatError, ShardingConfigError
-from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index
+from shardstore.errors import ChunkKeyError, ShardingConfigError
+from shardstore.format import ShardLayout
 from shardstore.index_cache import IndexCache
-from shardstore.inner import STALE, adapt, slice_range
+from shardstore.inner import adapt, slice_range
 from shardstore.keys import check_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
@@ -40,6 +40,7 @@ from shardstore.metadata import (
     load_document,
     strip_document,
 )
+from shardstore.reader import ShardReader
 from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
@@ -57,30 +58,11 @@ def _split_key(key: str) -> tuple[str, str]:
     return path, name
 
 
-def _index_request(layout: ShardLayout) -> ByteRequest:
-    if layout.index_location == "start":
-        return RangeByteRequest(0, layout.index_nbytes)
-    return SuffixByteRequest(layout.index_nbytes)
-
-
 def _check_byte_range(byte_range: Any) -> None:
     if byte_range is not None and not isinstance(
         byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
     ):
         raise TypeError(f"Unexpected byte_range, got {byte_range}")
-
-
-def _sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
-    """Absolute [start, stop) of a byte request on a chunk stored at [offset, offset + nbytes)."""
-    if byte_range is None:
-        lo, hi = 0, nbytes
-    elif isinstance(byte_range, RangeByteRequest):
-        lo, hi = min(byte_range.start, nbytes), min(byte_range.end, nbytes)
-    elif isinstance(byte_range, OffsetByteRequest):
-        lo, hi = min(byte_range.offset, nbytes), nbytes
-    else:
-        lo, hi = nbytes - min(byte_range.suffix, nbytes), nbytes
-    return offset + lo, offset + max(hi, lo)
 
 
 def _dir(prefix: str) -> str:
@@ -168,8 +150,8 @@ class ShardingStore(Store):
         # "auto": only where a read can check the cached index's version for free
         caching = index_cache == "trust" or (index_cache == "auto" and self._inner.supports_versions)
         self._indices = IndexCache(index_cache_bytes if caching else 0)
-        self._validate = index_cache == "auto"
-        self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._indices.drop)
+        self._reader = ShardReader(self._inner, self._indices, validate=index_cache == "auto")
+        self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._reader.forget)
         self._reads = ReadCoalescer(self.get_partial_values)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
@@ -338,7 +320,7 @@ class ShardingStore(Store):
 
         parts: list[tuple[list[Any], Awaitable[list[bytes | None]]]] = []
         if chunks:
-            parts.append((chunks, self._read_chunks([(c, r) for _, c, r in chunks])))
+            parts.append((chunks, self._reader.read_chunks([(c, r) for _, c, r in chunks])))
         if direct:
             parts.append((direct, self._inner.get_many([(k, r) for _, k, r in direct])))
         if metadata:
@@ -352,88 +334,6 @@ class ShardingStore(Store):
             value = apply_updates(results[slot], pending)
             results[slot] = None if value is None else slice_range(value, byte_range)
         return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
-
-    async def _read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
-        """Chunk bytes (ranges of them): shard indices from the cache or one inner batch,
-        then the ranges in one batch. Where a cached index turns out stale (the read
-        checks the shard's version for free), those chunks are read again afresh."""
-        results: list[bytes | None] = [None] * len(chunks)
-        todo = list(range(len(chunks)))
-        for fresh in (False, True):
-            entries = await self._index_entries([chunks[i][0] for i in todo], fresh=fresh)
-            reads: list[tuple[str, ByteRequest | None]] = []
-            expected: list[Hashable | None] = []
-            wanted: list[tuple[int, int]] = []  # slot, length
-            for i, entry in zip(todo, entries, strict=True):
-                if entry is None:
-                    continue
-                offset, nbytes, version = entry
-                start, stop = _sub_range(offset, nbytes, chunks[i][1])
-                if start == stop:
-                    results[i] = b""
-                    continue
-                reads.append((chunks[i][0].shard.key, RangeByteRequest(start, stop)))
-                expected.append(version if self._validate else None)
-                wanted.append((i, stop - start))
-            values = await self._inner.get_many_versioned(reads, expected) if reads else []
-            stale = []
-            for (i, length), (value, _) in zip(wanted, values, strict=True):
-                chunk = chunks[i][0]
-                if value is STALE:
-                    self._indices.drop(chunk.shard.key)
-                    stale.append(i)
-                elif value is None or len(value) != length:
-                    raise ShardFormatError(
-                        f"shard {chunk.shard.key!r}: chunk {chunk.key!r} runs past the end of the "
-                        f"shard object (wanted {length} bytes, got {0 if value is None else len(value)})"
-                    )
-                else:
-                    results[i] = value
-            if not stale:
-                break
-            todo = stale
-        return results
-
-    async def _index_entries(
-        self, chunks: list[ChunkAddress], *, fresh: bool = False
-    ) -> list[tuple[int, int, Hashable | None] | None]:
-        """``(offset, nbytes, shard version)`` of each chunk, None where absent."""
-        shards = {c.shard.key: c.shard for c in chunks}
-        found = await self._shard_indices(list(shards.values()), fresh=fresh)
-        out: list[tuple[int, int, Hashable | None] | None] = []
-        for chunk in chunks:
-            index, version = found[chunk.shard.key]
-            offset, nbytes = (MISSING, MISSING) if index is None else map(int, index[chunk.position])
-            out.append(None if offset == MISSING else (offset, nbytes, version))
-        return out
-
-    async def _shard_indices(
-        self, shards: list[ShardAddress], *, fresh: bool = False
-    ) -> dict[str, tuple[ShardIndex | None, Hashable | None]]:
-        """Indices (and versions) of shards: cached ones, the rest in one inner batch."""
-        found: dict[str, tuple[ShardIndex | None, Hashable | None]] = {}
-        missing = []
-        for shard in shards:
-            cached = None if fresh else self._indices.get(shard.key)
-            if cached is None:
-                missing.append(shard)
-            else:
-                found[shard.key] = cached
-        if missing:
-            raws = await self._inner.get_many_versioned(
-                [(s.key, _index_request(s.layout)) for s in missing], [None] * len(missing)
-            )
-            for shard, (raw, version) in zip(missing, raws, strict=True):
-                index = None if raw is None else decode_index(shard.layout, raw, shard.key)
-                if index is not None:
-                    self._indices.put(shard.key, index, version)
-                found[shard.key] = (index, version)
-        return found
-
-    async def _read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
-        """Fresh indices for listings and maintenance (never from the cache)."""
-        found = await self._shard_indices(shards, fresh=True)
-        return [found[s.key][0] for s in shards]
 
     async def _get_metadata(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         """A metadata document as zarr must see it: without our transformer entry."""
@@ -451,7 +351,7 @@ class ShardingStore(Store):
         if self._writer.pending(chunk) is not None:  # in a batch: what the batch would leave
             value = (await self.get_partial_values(default_buffer_prototype(), [(chunk.key, None)]))[0]
             return None if value is None else len(value)
-        entry = (await self._index_entries([chunk]))[0]
+        entry = (await self._reader.index_entries([chunk]))[0]
         return None if entry is None else entry[1]
 
     async def exists(self, key: str) -> bool:
@@ -586,7 +486,7 @@ class ShardingStore(Store):
 
     async def _delete_object(self, key: str) -> None:
         await self._inner.delete(key)
-        self._indices.drop(key)
+        self._reader.forget(key)
         path, name = _split_key(key)
         self._catalog.remember(path, name, None)
 
@@ -602,7 +502,7 @@ class ShardingStore(Store):
         whole = [s.key for s in shards if s.info.chunk_prefix.startswith(prefix)]
         partial = [s for s in shards if not s.info.chunk_prefix.startswith(prefix)]
         doomed: _ChunkUpdates = {}
-        for shard, index in zip(partial, await self._read_indices(partial), strict=True):
+        for shard, index in zip(partial, await self._reader.read_indices(partial), strict=True):
             for pos, key in [] if index is None else shard.present_keys(index):
                 if key.startswith(prefix):
                     _add_update(doomed, ChunkAddress(key, shard, pos), None)
@@ -639,7 +539,7 @@ class ShardingStore(Store):
         """Chunk keys under ``prefix`` present in the shards' indices, with their sizes."""
         for start in range(0, len(shards), _LISTING_BATCH):
             batch = shards[start : start + _LISTING_BATCH]
-            for shard, index in zip(batch, await self._read_indices(batch), strict=True):
+            for shard, index in zip(batch, await self._reader.read_indices(batch), strict=True):
                 if index is None:
                     continue
                 for pos, key in shard.present_keys(index):
