@@ -40,6 +40,27 @@ def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple
     return offset + lo, offset + max(hi, lo)
 
 
+MERGE_GAP = 64 * 1024
+"""Ranges of one shard closer than this are read as one request: a request costs more
+than reading a few unwanted bytes, on object stores by far."""
+
+
+def merge_ranges(
+    ranges: list[tuple[int, int, int]], gap: int
+) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+    """Group (slot, start, stop) ranges into spans (start, stop, members), merging
+    ranges whose distance is at most ``gap`` (overlapping and shared ranges too)."""
+    spans: list[tuple[int, int, list[tuple[int, int, int]]]] = []
+    for member in sorted(ranges, key=lambda r: r[1]):
+        _, start, stop = member
+        if spans and start - spans[-1][1] <= gap:
+            span_start, span_stop, members = spans[-1]
+            spans[-1] = (span_start, max(span_stop, stop), [*members, member])
+        else:
+            spans.append((start, stop, [member]))
+    return spans
+
+
 class ShardReader:
     def __init__(self, inner: InnerStore, cache: IndexCache, *, validate: bool) -> None:
         self._inner = inner
@@ -52,15 +73,15 @@ class ShardReader:
 
     async def read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
         """Chunk bytes (ranges of them): shard indices from the cache or one inner batch,
-        then the ranges in one batch. Where a cached index turns out stale (the read
-        checks the shard's version for free), those chunks are read again afresh."""
+        then the ranges in one batch, nearby ranges of a shard merged into one request.
+        Where a cached index turns out stale (the read checks the shard's version for
+        free), those chunks are read again afresh."""
         results: list[bytes | None] = [None] * len(chunks)
         todo = list(range(len(chunks)))
         for fresh in (False, True):
             entries = await self.index_entries([chunks[i][0] for i in todo], fresh=fresh)
-            reads: list[tuple[str, ByteRequest | None]] = []
-            expected: list[Hashable | None] = []
-            wanted: list[tuple[int, int]] = []  # slot, length
+            wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard key -> (slot, start, stop)
+            versions: dict[str, Hashable | None] = {}
             for i, entry in zip(todo, entries, strict=True):
                 if entry is None:
                     continue
@@ -69,23 +90,33 @@ class ShardReader:
                 if start == stop:
                     results[i] = b""
                     continue
-                reads.append((chunks[i][0].shard.key, RangeByteRequest(start, stop)))
-                expected.append(version if self._validate else None)
-                wanted.append((i, stop - start))
-            values = await self._inner.get_many_versioned(reads, expected) if reads else []
-            stale = []
-            for (i, length), (value, _) in zip(wanted, values, strict=True):
-                chunk = chunks[i][0]
+                wanted.setdefault(chunks[i][0].shard.key, []).append((i, start, stop))
+                versions[chunks[i][0].shard.key] = version if self._validate else None
+            spans = [
+                (key, span) for key, ranges in wanted.items() for span in merge_ranges(ranges, MERGE_GAP)
+            ]
+            values = (
+                await self._inner.get_many_versioned(
+                    [(key, RangeByteRequest(span[0], span[1])) for key, span in spans],
+                    [versions[k] for k, _ in spans],
+                )
+                if spans
+                else []
+            )
+            stale: list[int] = []
+            for (key, (span_start, _, members)), (value, _) in zip(spans, values, strict=True):
                 if value is STALE:
-                    self._cache.drop(chunk.shard.key)
-                    stale.append(i)
-                elif value is None or len(value) != length:
-                    raise ShardFormatError(
-                        f"shard {chunk.shard.key!r}: chunk {chunk.key!r} runs past the end of the "
-                        f"shard object (wanted {length} bytes, got {0 if value is None else len(value)})"
-                    )
-                else:
-                    results[i] = value
+                    self._cache.drop(key)
+                    stale.extend(i for i, _, _ in members)
+                    continue
+                for i, start, stop in members:
+                    part = None if value is None else value[start - span_start : stop - span_start]
+                    if part is None or len(part) != stop - start:
+                        raise ShardFormatError(
+                            f"shard {key!r}: chunk {chunks[i][0].key!r} runs past the end of the shard "
+                            f"object (wanted {stop - start} bytes, got {0 if part is None else len(part)})"
+                        )
+                    results[i] = part
             if not stale:
                 break
             todo = stale

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import google_crc32c
@@ -150,3 +151,18 @@ def test_garbage_never_escapes_as_other_errors(garbage: bytes) -> None:
         return
     assert all(len(v) <= len(garbage) - 64 for v in chunks.values())
     assert len(chunks) <= math.prod(LAYOUT.chunks_per_shard)
+
+
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 50)), max_size=30), st.integers(0, 100))
+def test_merge_ranges_covers_every_range_and_keeps_gaps(pairs: list[tuple[int, int]], gap: int) -> None:
+    from shardstore.reader import merge_ranges
+
+    ranges = [(i, start, start + length) for i, (start, length) in enumerate(pairs)]
+    spans = merge_ranges(ranges, gap)
+    members = sorted(m for _, _, ms in spans for m in ms)
+    assert members == sorted(ranges)  # every range in exactly one span
+    for start, stop, ms in spans:
+        assert all(start <= s and e <= stop for _, s, e in ms)
+        assert start == min(s for _, s, _ in ms) and stop == max(e for _, _, e in ms)
+    for (_, prev_stop, _), (next_start, _, _) in itertools.pairwise(spans):
+        assert next_start - prev_stop > gap  # spans stay apart only where the gap is large
