@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
-
 from shardstore.errors import ShardingConfigError
 from shardstore.format import ShardLayout
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -153,11 +150,6 @@ class ArrayInfo:
         # A zero-length chunk (zarr allows it for zero-length dimensions) holds nothing.
         return tuple(-(-s // c) if c > 0 else 0 for s, c in zip(self.shape, self.chunks, strict=True))
 
-    @cached_property
-    def shard_grid_shape(self) -> tuple[int, ...]:
-        assert self.layout is not None
-        return tuple(-(-g // c) for g, c in zip(self.grid_shape, self.layout.chunks_per_shard, strict=True))
-
     @property
     def prefix(self) -> str:
         """Every key of the array starts with this (``""`` for a root array)."""
@@ -186,13 +178,6 @@ class ArrayInfo:
 
     def in_grid(self, coords: tuple[int, ...]) -> bool:
         return all(0 <= c < g for c, g in zip(coords, self.grid_shape, strict=True))
-
-    def grid_mask(self, chunk_coords: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which rows of chunk coordinates lie inside the chunk grid."""
-        mask: npt.NDArray[np.bool_] = np.all(
-            chunk_coords < np.asarray(self.grid_shape, dtype=np.int64), axis=1
-        )
-        return mask
 
 
 def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
