@@ -170,13 +170,12 @@ class ShardWriter:
 
     async def _commit(self, shard_key: str, job: _Job, updates: dict[int, list[Update]]) -> None:
         try:
-            await self._commit_strategy(job.shard, job, updates)
+            await self._commit_by_strategy(job, updates)
         finally:
             self._on_commit(shard_key)
 
-    async def _commit_strategy(
-        self, shard: ShardAddress, job: _Job, updates: dict[int, list[Update]]
-    ) -> None:
+    async def _commit_by_strategy(self, job: _Job, updates: dict[int, list[Update]]) -> None:
+        shard = job.shard
         appendable = (
             self.strategy == "append"
             and not job.compact
