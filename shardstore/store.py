@@ -152,7 +152,7 @@ class ShardingStore(Store):
         self._indices = IndexCache(index_cache_bytes if caching else 0)
         self._reader = ShardReader(self._inner, self._indices, validate=index_cache == "auto")
         self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._reader.forget)
-        self._reads = ReadCoalescer(self.get_partial_values)
+        self._reads = ReadCoalescer(self._read_checked)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
 
@@ -293,14 +293,21 @@ class ShardingStore(Store):
         for the chunk ranges and pass-through keys. Ranges on a chunk key address
         that chunk's own bytes."""
         requests = list(key_ranges)
+        for key, byte_range in requests:
+            _check_byte_range(byte_range)
+            check_key(key)
+        return await self._read_checked(prototype, requests)
+
+    async def _read_checked(
+        self, prototype: BufferPrototype, requests: list[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        """``get_partial_values`` for requests already checked (the coalesced ``get()``s)."""
         results: list[bytes | None] = [None] * len(requests)
         chunks: list[tuple[int, ChunkAddress, ByteRequest | None]] = []
         buffered: list[tuple[int, ByteRequest | None, list[Update]]] = []
         direct: list[tuple[int, str, ByteRequest | None]] = []
         metadata: list[tuple[int, str, ByteRequest | None]] = []
         for slot, (key, byte_range) in enumerate(requests):
-            _check_byte_range(byte_range)
-            check_key(key)
             if _split_key(key)[1] in METADATA_NAMES:
                 metadata.append((slot, key, byte_range))
                 continue

@@ -25,6 +25,16 @@ def _array(store: ShardingStore, name: str = "a", **kwargs: Any) -> zarr.Array:
     return zarr.create_array(store, name=name, shape=SHAPE, chunks=CHUNKS, dtype="f4", **kwargs)
 
 
+def _counted_array_of_ones() -> tuple[ShardingStore, CountingInner, zarr.Array]:
+    """A store over a counted dict holding an array of ones; counts start afterwards."""
+    counted = CountingInner({})
+    store = ShardingStore(counted, chunks_per_shard=CPS)
+    arr = _array(store)
+    arr[:] = 1
+    counted.counts.reset()
+    return store, counted, arr
+
+
 def _stored_bytes(counted: CountingInner, store: ShardingStore, prefix: str = "a/c/") -> int:
     async def total() -> int:
         keys = [k async for k in counted.inner.list_prefix(prefix)]
@@ -71,11 +81,7 @@ async def test_async_batch_and_reads_inside_see_the_batch() -> None:
 
 
 def test_batch_commits_partial_shards_once_at_the_end() -> None:
-    counted = CountingInner({})
-    store = ShardingStore(counted, chunks_per_shard=CPS)
-    arr = _array(store)
-    arr[:] = 1
-    counted.counts.reset()
+    store, counted, arr = _counted_array_of_ones()
     with store.batch():
         for i in range(0, 256, 32):
             arr[i, :] = 5  # every other chunk row: each shard half rewritten
@@ -146,11 +152,7 @@ def test_nested_batches_commit_at_the_outermost_exit() -> None:
 
 
 def test_default_single_chunk_update_is_one_read_and_one_write() -> None:
-    counted = CountingInner({})
-    store = ShardingStore(counted, chunks_per_shard=CPS)
-    arr = _array(store)
-    arr[:] = 1
-    counted.counts.reset()
+    _, counted, arr = _counted_array_of_ones()
     arr[16:32, 32:48] = 2  # exactly chunk (1, 2), in shard (0, 0): zarr reads nothing
     assert counted.counts.writes == 1
     assert counted.counts.read_keys["a/c/0/0"] == 1  # the read-modify-write of that shard
