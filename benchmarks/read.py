@@ -10,12 +10,19 @@ can add latency per request, --latency-ms). Scenarios:
   warm    the same N reads again through one open array
   slab    one chunk row across the whole array (crosses every shard of a row)
 
-Printed: wall time (per read for cold/warm), ratio to the codec's, and inner
-requests per operation (local: counted by wrappers; S3: by the proxy).
+Readers: unsharded zarr, zarr's ShardingCodec, ShardingStore with its default
+read_strategy="auto" and with "chunk" / "shard" (and index_cache="trust" on
+S3), and tensorstore's zarr3 driver reading the codec copy (if installed; a
+benchmark extra). Each cold read and the slab go through a newly opened store.
 
-    python benchmarks/read.py                 # 64 MiB, 1000 reads
-    python benchmarks/read.py --quick         # 4 MiB, 100 reads, under a minute
+Printed: wall time (per read for cold/warm), ratio to the codec's, inner
+requests per operation (local: counted by wrappers; S3: by the proxy, for
+tensorstore too) and, with --latency-ms, the time in round trips.
+
+    python benchmarks/read.py                 # 64 MiB, 1000 reads (100 on S3)
+    python benchmarks/read.py --quick         # 4 MiB, 100 reads (20 on S3)
     python benchmarks/read.py --latency-ms 20 # S3 with 20 ms added per request
+    python benchmarks/read.py --concurrency 64  # zarr's async.concurrency
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.storage import FsspecStore, LocalStore
+from zarr.core.buffer import Buffer, cpu
+from zarr.storage import FsspecStore, LocalStore, MemoryStore
 
 from shardstore import ShardingStore
 from shardstore.inner import LocalInner
@@ -40,6 +48,7 @@ CHUNKS = (64, 64)
 CPS = (8, 8)
 SHARD = (CHUNKS[0] * CPS[0], CHUNKS[1] * CPS[1])
 
+tensorstore: Any
 try:
     import tensorstore
 except ImportError:  # a test/benchmark extra only
@@ -91,6 +100,17 @@ def _write_copies(root: str, s3: LocalS3 | None, data: np.ndarray, compressors: 
     return stores
 
 
+def _in_memory(root: str) -> dict[str, Buffer]:
+    """Every file below ``root`` as a MemoryStore's contents."""
+    out: dict[str, Buffer] = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root).replace(os.sep, "/")] = cpu.Buffer.from_bytes(f.read())
+    return out
+
+
 def _readers(copies: dict[str, Any], s3: LocalS3 | None) -> list[Reader]:
     if s3 is not None:
         so = s3.storage_options
@@ -102,29 +122,40 @@ def _readers(copies: dict[str, Any], s3: LocalS3 | None) -> list[Reader]:
                 lambda: s3.requests,
             )
 
+        def ours_s3(name: str, **options: Any) -> Reader:
+            return Reader(
+                name,
+                lambda: ShardingStore(copies["shardstore"], storage_options=so, **options),
+                lambda: s3.requests,
+            )
+
         return [
             zarr_s3("unsharded"),
             zarr_s3("codec"),
-            Reader(
-                "shardstore",
-                lambda: ShardingStore(copies["shardstore"], storage_options=so),
-                lambda: s3.requests,
-            ),
-            Reader(
-                "shardstore-trust",
-                lambda: ShardingStore(copies["shardstore"], storage_options=so, index_cache="trust"),
-                lambda: s3.requests,
-            ),
+            ours_s3("shardstore"),  # read_strategy="auto": whole shards on S3
+            ours_s3("ss chunk", read_strategy="chunk"),
+            ours_s3("ss chunk+trust", read_strategy="chunk", index_cache="trust"),
+            ours_s3("ss shard+trust", read_strategy="shard", index_cache="trust"),
         ]
 
     def local_zarr(name: str) -> Reader:
         counted = CountingStore(LocalStore(copies[name], read_only=True))  # zarr's stores cache nothing
         return Reader(name, lambda: counted, lambda: counted.counts.reads)
 
-    counted = CountingInner(LocalInner(copies["shardstore"]))
-    # each open is a new ShardingStore (cold index cache) over the same counted inner store
-    ours = Reader("shardstore", lambda: ShardingStore(counted), lambda: counted.counts.reads)
-    return [local_zarr("unsharded"), local_zarr("codec"), ours]
+    def ours_local(name: str, **options: Any) -> Reader:
+        counted = CountingInner(LocalInner(copies["shardstore"]))
+        # each open is a new ShardingStore (cold caches) over the same counted inner store
+        return Reader(name, lambda: ShardingStore(counted, **options), lambda: counted.counts.reads)
+
+    memory = CountingStore(MemoryStore(_in_memory(copies["unsharded"])))
+    return [
+        Reader("zarr in memory", lambda: memory, lambda: memory.counts.reads),  # the floor under zarr
+        local_zarr("unsharded"),
+        local_zarr("codec"),
+        ours_local("shardstore"),  # read_strategy="auto": whole shards once read again and again
+        ours_local("ss chunk", read_strategy="chunk"),
+        ours_local("ss shard", read_strategy="shard"),
+    ]
 
 
 def _measure(
@@ -155,50 +186,79 @@ def _measure(
     warm = reader.array()
     for i, j in picks:
         warm[i * CHUNKS[0], j * CHUNKS[1]]
-    out["warm"] = run(lambda: [warm[i * CHUNKS[0], j * CHUNKS[1]] for i, j in picks] and None, len(picks))
+
+    def warm_reads() -> None:
+        for i, j in picks:
+            warm[i * CHUNKS[0], j * CHUNKS[1]]
+
+    out["warm"] = run(warm_reads, len(picks))
     row = data.shape[0] // 2
+    fresh = reader.array()
+    if s3 is not None:
+        s3.reset()
+    rows = slice(row, row + CHUNKS[0])
+    out["slab"] = run(lambda: np.testing.assert_array_equal(fresh[rows, :], data[rows, :]), 1)
+    return out
+
+
+def _tensorstore(
+    kvstore: dict[str, Any], data: np.ndarray, picks: list[tuple[int, int]], s3: LocalS3 | None
+) -> dict[str, tuple[float, float]]:
+    """The same scenarios through tensorstore's zarr3 driver (its cache pool on for
+    the warm reads, as the warm scenario is about caches)."""
+    assert tensorstore is not None
+    spec = {"driver": "zarr3", "kvstore": kvstore}
+    out = {}
+
+    def run(fn: Callable[[], None], ops: int) -> tuple[float, float]:
+        before = s3.requests if s3 else 0
+        t0 = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t0
+        return seconds / ops, ((s3.requests - before) / ops if s3 else float("nan"))
+
+    t = tensorstore.open(spec).result()
+    out["whole"] = run(lambda: np.testing.assert_array_equal(t.read().result(), data), 1)
+
+    def cold() -> None:
+        for i, j in picks:
+            tensorstore.open(spec).result()[i * CHUNKS[0], j * CHUNKS[1]].read().result()
+
+    out["cold"] = run(cold, len(picks))
+    warm = tensorstore.open({**spec, "context": {"cache_pool": {"total_bytes_limit": 2**28}}}).result()
+    for i, j in picks:
+        warm[i * CHUNKS[0], j * CHUNKS[1]].read().result()
+
+    def warm_reads() -> None:
+        for i, j in picks:
+            warm[i * CHUNKS[0], j * CHUNKS[1]].read().result()
+
+    out["warm"] = run(warm_reads, len(picks))
+    row = data.shape[0] // 2
+    fresh = tensorstore.open(spec).result()
     out["slab"] = run(
-        lambda: np.testing.assert_array_equal(warm[row : row + CHUNKS[0], :], data[row : row + CHUNKS[0], :]),
+        lambda: np.testing.assert_array_equal(
+            fresh[row : row + CHUNKS[0], :].read().result(), data[row : row + CHUNKS[0], :]
+        ),
         1,
     )
     return out
 
 
-def _tensorstore(path: str, data: np.ndarray, picks: list[tuple[int, int]]) -> dict[str, tuple[float, float]]:
-    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path + "/a"}}
-    out = {}
-    t = tensorstore.open(spec).result()
-    t0 = time.perf_counter()
-    np.testing.assert_array_equal(t.read().result(), data)
-    out["whole"] = (time.perf_counter() - t0, float("nan"))
-    t0 = time.perf_counter()
-    for i, j in picks:
-        tensorstore.open(spec).result()[i * CHUNKS[0], j * CHUNKS[1]].read().result()
-    out["cold"] = ((time.perf_counter() - t0) / len(picks), float("nan"))
-    warm = tensorstore.open({**spec, "context": {"cache_pool": {"total_bytes_limit": 2**28}}}).result()
-    for i, j in picks:
-        warm[i * CHUNKS[0], j * CHUNKS[1]].read().result()
-    t0 = time.perf_counter()
-    for i, j in picks:
-        warm[i * CHUNKS[0], j * CHUNKS[1]].read().result()
-    out["warm"] = ((time.perf_counter() - t0) / len(picks), float("nan"))
-    row = data.shape[0] // 2
-    t0 = time.perf_counter()
-    warm[row : row + CHUNKS[0], :].read().result()
-    out["slab"] = (time.perf_counter() - t0, float("nan"))
-    return out
-
-
-def report(title: str, results: dict[str, dict[str, tuple[float, float]]]) -> None:
+def report(title: str, results: dict[str, dict[str, tuple[float, float]]], latency_s: float = 0.0) -> None:
+    """One table: seconds (per read for cold/warm), ratio to the codec, inner requests
+    per operation and, with added latency, the time in round trips."""
     print(f"\n## {title}")
-    print(f"{'scenario':<7} {'reader':<17} {'seconds':>10} {'vs codec':>9} {'requests/op':>12}")
+    trips = f"{'round trips':>12}" if latency_s else ""
+    print(f"{'scenario':<7} {'reader':<16} {'seconds':>10} {'vs codec':>9} {'requests/op':>12}{trips}")
     for scenario in ("whole", "cold", "warm", "slab"):
         codec = results["codec"][scenario][0]
         for name, scenarios in results.items():
             seconds, requests = scenarios[scenario]
             unit = " /read" if scenario in ("cold", "warm") else ""
             req = "-" if requests != requests else f"{requests:.2f}"
-            print(f"{scenario:<7} {name:<17} {seconds:>10.5f} {seconds / codec:>9.2f} {req:>12}{unit}")
+            rt = f"{seconds / latency_s:>12.1f}" if latency_s else ""
+            print(f"{scenario:<7} {name:<16} {seconds:>10.5f} {seconds / codec:>9.2f} {req:>12}{rt}{unit}")
 
 
 def main() -> None:
@@ -207,8 +267,12 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--no-local", action="store_true")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every S3 request")
+    parser.add_argument("--concurrency", type=int, help="zarr's async.concurrency (default 10)")
     args = parser.parse_args()
+    if args.concurrency:
+        zarr.config.set({"async.concurrency": args.concurrency})
     side, n = (1024, 100) if args.quick else (4096, 1000)
     data = np.random.default_rng(0).standard_normal((side, side)).astype("f4")
     rng = np.random.default_rng(2)
@@ -216,25 +280,41 @@ def main() -> None:
     picks = [(int(rng.integers(0, grid)), int(rng.integers(0, grid))) for _ in range(n)]
     print(
         f"# read benchmark: {side}x{side} float32, chunks {CHUNKS}, chunks_per_shard {CPS}, "
-        f"zarr {zarr.__version__}"
+        f"zarr {zarr.__version__} (async.concurrency {zarr.config.get('async.concurrency')}), "
+        f"tensorstore {'yes' if tensorstore else 'not installed'}"
     )
     for compressor, compressors in (("zstd", "auto"), ("none", None)):
+        if args.no_local:
+            break
         with tempfile.TemporaryDirectory() as tmp:
             copies = _write_copies(tmp, None, data, compressors)
             results = {r.name: _measure(r, data, picks, None) for r in _readers(copies, None)}
             if tensorstore is not None:
-                results["tensorstore"] = _tensorstore(copies["codec"], data, picks)
+                kvstore = {"driver": "file", "path": copies["codec"] + "/a/"}
+                results["tensorstore"] = _tensorstore(kvstore, data, picks, None)
             report(f"local directory, {compressor}", results)
     if not args.no_s3:
+        # tensorstore takes S3 credentials from the environment
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         with local_s3() as s3:
             for compressor, compressors in (("zstd", "auto"), ("none", None)):
                 copies = _write_copies(compressor, s3, data, compressors)
                 s3.latency_s = args.latency_ms / 1000
-                results = {
-                    r.name: _measure(r, data, picks[: max(n // 10, 20)], s3) for r in _readers(copies, s3)
-                }
+                few = picks[: max(n // 10, 20)]
+                results = {r.name: _measure(r, data, few, s3) for r in _readers(copies, s3)}
+                if tensorstore is not None:
+                    kvstore = {
+                        "driver": "s3",
+                        "bucket": s3.bucket,
+                        "path": f"{compressor}/codec/a/",
+                        "endpoint": s3.endpoint_url,
+                        "aws_region": "us-east-1",
+                    }
+                    results["tensorstore"] = _tensorstore(kvstore, data, few, s3)
                 s3.latency_s = 0.0
-                report(f"S3 API (moto, +{args.latency_ms:g} ms/request), {compressor}", results)
+                title = f"S3 API (moto, +{args.latency_ms:g} ms/request), {compressor}"
+                report(title, results, args.latency_ms / 1000)
 
 
 if __name__ == "__main__":

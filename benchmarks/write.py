@@ -101,7 +101,7 @@ class Backend:
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(top) for f in fs)
 
 
-def _array(store: Any, variant: str, data: np.ndarray, compressor: str) -> zarr.Array:
+def _array(store: Any, variant: str, data: np.ndarray, compressor: str) -> zarr.Array[Any]:
     return zarr.create_array(
         store,
         name="a",
@@ -122,7 +122,7 @@ def _maybe_batch(store: Any, variant: str) -> Iterator[None]:
         yield
 
 
-def _write(store: Any, arr: zarr.Array, variant: str, scenario: str, data: np.ndarray) -> None:
+def _write(store: Any, arr: zarr.Array[Any], variant: str, scenario: str, data: np.ndarray) -> None:
     with _maybe_batch(store, variant):
         if scenario == "whole":
             arr[:] = data
@@ -134,7 +134,7 @@ def _write(store: Any, arr: zarr.Array, variant: str, scenario: str, data: np.nd
 
 def _measure_write(
     backend: Backend, variant: str, scenario: str, data: np.ndarray, compressor: str, repeats: int
-) -> tuple[Row, str, zarr.Array]:
+) -> tuple[Row, str, zarr.Array[Any]]:
     """Best time of ``repeats`` fresh arrays; counts (creation included) from the last."""
     best = float("inf")
     for _ in range(repeats):
@@ -149,7 +149,7 @@ def _measure_write(
     return Row(scenario, variant, best, written / backend.stored_bytes(path), summary), path, arr
 
 
-def _measure_updates(backend: Backend, path: str, arr: zarr.Array, variant: str, n: int) -> Row:
+def _measure_updates(backend: Backend, path: str, arr: zarr.Array[Any], variant: str, n: int) -> Row:
     rng = np.random.default_rng(1)
     grid = (arr.shape[0] // CHUNKS[0], arr.shape[1] // CHUNKS[1])
     picks = [(int(rng.integers(0, grid[0])), int(rng.integers(0, grid[1]))) for _ in range(n)]

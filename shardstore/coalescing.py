@@ -62,14 +62,12 @@ class ReadCoalescer:
             del self._pending[slot]
         try:
             values = await self._fetch(batch.prototype, batch.requests)
-        except Exception:
+        except Exception as exc:
             if len(batch.requests) == 1:
-                values = None
+                if not batch.futures[0].done():
+                    batch.futures[0].set_exception(exc)
             else:  # isolate the failure: each read alone, each with its own outcome
                 await asyncio.gather(*(self._alone(batch, i) for i in range(len(batch.requests))))
-                return
-        if values is None:
-            await self._alone(batch, 0)
             return
         for future, value in zip(batch.futures, values, strict=True):
             if not future.done():

@@ -29,6 +29,7 @@ __all__ = [
     "build_shard",
     "decode_index",
     "encode_index",
+    "parse_shard",
     "split_shard",
 ]
 
@@ -133,14 +134,20 @@ def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:
     return np.flatnonzero(index[:, 0] != MISSING)
 
 
-def split_shard(layout: ShardLayout, blob: bytes, key: str) -> dict[int, bytes]:
-    """The chunks of a whole shard object, by position, after checking its index."""
+def parse_shard(layout: ShardLayout, blob: bytes, key: str) -> ShardIndex:
+    """The checked index of a whole shard object (read from its tail, or head)."""
     if len(blob) < layout.index_nbytes:
         raise ShardFormatError(
             f"shard {key!r}: object has {len(blob)} bytes, fewer than its {layout.index_nbytes}-byte index"
         )
     index = decode_index(layout, memoryview(blob)[layout.index_slice(len(blob))], key)
     check_ranges(layout, index, len(blob), key)
+    return index
+
+
+def split_shard(layout: ShardLayout, blob: bytes, key: str) -> dict[int, bytes]:
+    """The chunks of a whole shard object, by position, after checking its index."""
+    index = parse_shard(layout, blob, key)
     return {
         int(pos): blob[int(index[pos, 0]) : int(index[pos, 0]) + int(index[pos, 1])]
         for pos in present_positions(index)

@@ -82,6 +82,13 @@ class CountingInner(InnerStore):
     def supports_versions(self) -> bool:  # type: ignore[override]
         return self.inner.supports_versions
 
+    @property
+    def remote(self) -> bool:  # type: ignore[override]
+        return self.inner.remote
+
+    def version(self, key: str) -> Hashable | None:
+        return self.inner.version(key)
+
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeAlias
 
+import numpy as np
+
 from shardstore.errors import ShardingConfigError
 from shardstore.format import ShardLayout
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -140,6 +142,15 @@ class ArrayInfo:
     layout: ShardLayout | None
     codec_sharded: bool = False
     """zarr's own ``sharding_indexed`` codec: passed through, never sharded twice."""
+    itemsize: int | None = None
+    """Bytes per element where the data type has a fixed size, else None."""
+
+    @property
+    def nominal_shard_nbytes(self) -> int | None:
+        """A full shard's size before compression, where the data type tells it."""
+        if self.itemsize is None or self.layout is None:
+            return None
+        return math.prod(self.chunks) * self.layout.n_chunks * self.itemsize
 
     @property
     def ndim(self) -> int:
@@ -225,7 +236,18 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
         return None
     ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
     layout = _layout_from_entry(path, ours[0], len(shape)) if ours else None
-    return ArrayInfo(path, shape, chunks, grammar, layout, codec_sharded)
+    itemsize = _itemsize(doc.get("data_type", doc.get("dtype")))
+    return ArrayInfo(path, shape, chunks, grammar, layout, codec_sharded, itemsize)
+
+
+def _itemsize(dtype: object) -> int | None:
+    if not isinstance(dtype, str):  # structured and extension types: size unknown
+        return None
+    try:
+        size = np.dtype(dtype).itemsize
+    except (TypeError, ValueError):
+        return None
+    return size or None
 
 
 def strip_document(name: str, doc: Document) -> bool:

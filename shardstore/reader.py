@@ -1,21 +1,31 @@
-"""The read path: chunk bytes via shard indices, from the index cache or the inner store.
+"""The read path: chunk bytes from cached whole shards, whole-shard fetches, or
+ranges located by shard indices.
 
-Indices come from the :class:`~shardstore.index_cache.IndexCache` or one
-inner batch, chunk ranges from one more. Where the inner store can check an
-object's version in the same read (local files), a cached index is checked
-for free and a stale one re-read: never garbage.
+A batch of chunk reads is served per shard in one of three ways, all shards in
+one inner round: from a cached whole shard; by fetching the whole shard in one
+request (its index parsed from the bytes) when the strategy says so or the
+batch wants at least half of the shard's chunks; or by range reads located
+through the shard's index, which comes from the index cache or one more round.
+Where the inner store can check an object's version in the same read (local
+files), a cached index is checked for free and a stale one re-read: never
+garbage. Concurrent fetches of one shard share one request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Literal
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.errors import ShardFormatError
-from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index
-from shardstore.index_cache import IndexCache
+from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index, empty_index, parse_shard
 from shardstore.inner import STALE, InnerStore
 
 __all__ = ["ShardReader"]
@@ -61,23 +71,211 @@ def merge_ranges(
     return spans
 
 
+_Fetched = tuple[ShardSnapshot | None, Exception | None]
+"""A whole-shard fetch's outcome, shared with the reads that joined it."""
+
+WholeShards = Literal["never", "repeat", "always"]
+REPEAT_READS = 3
+REPEAT_WINDOW = 1.0
+"""``"repeat"``: the REPEAT_READS-th batch to read a shard, each within this many
+seconds of the last, fetches it whole (a slab reads a shard once or twice; a
+whole-array or random read pass comes back to it again and again)."""
+_TOUCHES = 4096
+"""Shards whose recent reads are remembered for "repeat"."""
+
+
 class ShardReader:
-    def __init__(self, inner: InnerStore, cache: IndexCache, *, validate: bool) -> None:
+    def __init__(
+        self,
+        inner: InnerStore,
+        indices: IndexCache,
+        shards: ShardCache,
+        *,
+        validate: bool,
+        whole: WholeShards,
+        whole_limit: int | None = None,
+        max_age: float | None = None,
+    ) -> None:
+        """``whole``: when to fetch a shard whole into the shard cache rather than
+        read ranges of it: on its first read (``"always"``), on a repeated read
+        (``"repeat"``), or only when one batch wants half of it (``"never"``,
+        nothing cached), in every case only for arrays whose uncompressed shard
+        is at most ``whole_limit`` bytes (None: any). ``validate``: check cached
+        entries against the object's version where the store tells it cheaply;
+        otherwise a cached shard is served for ``max_age`` seconds (None: until
+        evicted)."""
         self._inner = inner
-        self._cache = cache
+        self._indices = indices
+        self._shards = shards
         self._validate = validate
+        self._check_versions = validate and inner.supports_versions
+        self._whole = whole
+        self._whole_limit = whole_limit
+        self._max_age = max_age
+        self._lock = threading.Lock()
+        self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
+        self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     def forget(self, shard_key: str) -> None:
-        """The shard changed (a write through this store): its cached index goes."""
-        self._cache.drop(shard_key)
+        """The shard changed (a write through this store): what is cached of it goes."""
+        self._indices.drop(shard_key)
+        self._shards.drop(shard_key)
 
     async def read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
-        """Chunk bytes (ranges of them): shard indices from the cache or one inner batch,
-        then the ranges in one batch, nearby ranges of a shard merged into one request.
-        Where a cached index turns out stale (the read checks the shard's version for
-        free), those chunks are read again afresh."""
+        """Chunk bytes (ranges of them), each shard served from the shard cache, by
+        one whole-shard fetch, or by range reads; the fetches and range reads of
+        all shards in one inner round (after one more for uncached indices)."""
         results: list[bytes | None] = [None] * len(chunks)
-        todo = list(range(len(chunks)))
+        by_shard: dict[str, list[int]] = {}
+        for i, (chunk, _) in enumerate(chunks):
+            by_shard.setdefault(chunk.shard.key, []).append(i)
+        whole: list[tuple[ShardAddress, list[int]]] = []
+        ranged: list[int] = []
+        for key, members in by_shard.items():
+            shard = chunks[members[0]][0].shard
+            snapshot = self._cached(key)
+            if snapshot is not None:
+                self._serve(snapshot, members, chunks, results)
+            elif self._wants_whole(shard, {chunks[i][0].position for i in members}):
+                whole.append((shard, members))
+            else:
+                ranged.extend(members)
+        if whole and ranged:
+            await asyncio.gather(
+                self._read_whole(whole, chunks, results), self._read_ranges(ranged, chunks, results)
+            )
+        elif whole:
+            await self._read_whole(whole, chunks, results)
+        elif ranged:
+            await self._read_ranges(ranged, chunks, results)
+        return results
+
+    def _cached(self, key: str) -> ShardSnapshot | None:
+        snapshot = self._shards.get(key)
+        if snapshot is None:
+            return None
+        if self._check_versions:
+            usable = self._inner.version(key) == snapshot.version
+        else:
+            usable = self._max_age is None or time.monotonic() - snapshot.fetched_at <= self._max_age
+        if not usable:
+            self._shards.drop(key)
+            return None
+        return snapshot
+
+    def _wants_whole(self, shard: ShardAddress, positions: set[int]) -> bool:
+        nominal = shard.info.nominal_shard_nbytes
+        small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
+        if small and (self._whole == "always" or (self._whole == "repeat" and self._repeated(shard.key))):
+            return True
+        if self._indices.get(shard.key) is not None:
+            return False  # the index is known: merged ranges read no more than needed
+        return 2 * len(positions) >= len(shard.in_grid_positions())
+
+    def _repeated(self, key: str) -> bool:
+        """Notes a read of the shard; whether it is the REPEAT_READS-th in a row."""
+        now = time.monotonic()
+        with self._lock:
+            count, last = self._touched.pop(key, (0, now))
+            count = count + 1 if now - last <= REPEAT_WINDOW else 1
+            self._touched[key] = (count, now)
+            if len(self._touched) > _TOUCHES:
+                self._touched.popitem(last=False)
+        return count >= REPEAT_READS
+
+    @staticmethod
+    def _serve(
+        snapshot: ShardSnapshot,
+        members: list[int],
+        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        results: list[bytes | None],
+    ) -> None:
+        for i in members:
+            chunk, byte_range = chunks[i]
+            entry = snapshot.chunk(chunk.position)
+            if entry is not None:
+                start, stop = sub_range(*entry, byte_range)
+                results[i] = snapshot.data[start:stop]
+
+    async def _read_whole(
+        self,
+        shards: list[tuple[ShardAddress, list[int]]],
+        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        results: list[bytes | None],
+    ) -> None:
+        fetched = await self.fetch_shards([shard for shard, _ in shards])
+        for (_, members), (snapshot, error) in zip(shards, fetched, strict=True):
+            if error is not None:
+                raise error
+            assert snapshot is not None
+            self._serve(snapshot, members, chunks, results)
+
+    async def fetch_shards(self, shards: list[ShardAddress]) -> list[_Fetched]:
+        """Whole shards in one inner batch, each as a snapshot (an absent shard as
+        an empty one); a fetch of the same shard already under way is joined."""
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[_Fetched]] = []
+        mine: list[tuple[ShardAddress, asyncio.Future[_Fetched]]] = []
+        with self._lock:
+            for shard in shards:
+                future = self._inflight.get((loop, shard.key))
+                if future is None:
+                    future = self._inflight[(loop, shard.key)] = loop.create_future()
+                    mine.append((shard, future))
+                waits.append(future)
+        if mine:
+            await self._fetch(loop, mine)
+        outcomes = [await future for future in waits]
+        abandoned = [i for i, (snapshot, error) in enumerate(outcomes) if snapshot is None and error is None]
+        if abandoned:  # the fetch we joined was cancelled: fetch those ourselves
+            again = await self.fetch_shards([shards[i] for i in abandoned])
+            for i, outcome in zip(abandoned, again, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _fetch(
+        self, loop: asyncio.AbstractEventLoop, mine: list[tuple[ShardAddress, asyncio.Future[_Fetched]]]
+    ) -> None:
+        sent = time.monotonic()
+        outcomes: list[_Fetched] = [(None, None)] * len(mine)
+        try:
+            raws = await self._inner.get_many_versioned([(s.key, None) for s, _ in mine], [None] * len(mine))
+            outcomes = [
+                self._snapshot(shard, raw, version, sent)
+                for (shard, _), (raw, version) in zip(mine, raws, strict=True)
+            ]
+        except Exception as exc:
+            outcomes = [(None, exc)] * len(mine)
+        finally:  # joiners always get an outcome, (None, None) if this task was cancelled
+            with self._lock:
+                for (shard, future), outcome in zip(mine, outcomes, strict=True):
+                    del self._inflight[(loop, shard.key)]
+                    future.set_result(outcome)
+
+    def _snapshot(
+        self, shard: ShardAddress, raw: bytes | None, version: Hashable | None, sent: float
+    ) -> _Fetched:
+        try:
+            if raw is None:
+                snapshot = ShardSnapshot(b"", empty_index(shard.layout), sent, version)
+            else:
+                index = parse_shard(shard.layout, raw, shard.key)
+                snapshot = ShardSnapshot(raw, index, sent, version)
+                self._indices.put(shard.key, (index, version))
+        except ShardFormatError as exc:
+            return None, exc
+        self._shards.put(shard.key, snapshot)
+        return snapshot, None
+
+    async def _read_ranges(
+        self,
+        todo: list[int],
+        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        results: list[bytes | None],
+    ) -> None:
+        """Range reads located by indices (cached or read in one batch), nearby ranges
+        of a shard merged. Where a cached index turns out stale (the read checks the
+        shard's version for free), those chunks are read again afresh."""
         for fresh in (False, True):
             entries = await self.index_entries([chunks[i][0] for i in todo], fresh=fresh)
             wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard key -> (slot, start, stop)
@@ -106,7 +304,7 @@ class ShardReader:
             stale: list[int] = []
             for (key, (span_start, _, members)), (value, _) in zip(spans, values, strict=True):
                 if value is STALE:
-                    self._cache.drop(key)
+                    self._indices.drop(key)
                     stale.extend(i for i, _, _ in members)
                     continue
                 for i, start, stop in members:
@@ -120,7 +318,6 @@ class ShardReader:
             if not stale:
                 break
             todo = stale
-        return results
 
     async def index_entries(
         self, chunks: list[ChunkAddress], *, fresh: bool = False
@@ -142,7 +339,7 @@ class ShardReader:
         found: dict[str, tuple[ShardIndex | None, Hashable | None]] = {}
         missing = []
         for shard in shards:
-            cached = None if fresh else self._cache.get(shard.key)
+            cached = None if fresh else self._indices.get(shard.key)
             if cached is None:
                 missing.append(shard)
             else:
@@ -154,7 +351,7 @@ class ShardReader:
             for shard, (raw, version) in zip(missing, raws, strict=True):
                 index = None if raw is None else decode_index(shard.layout, raw, shard.key)
                 if index is not None:
-                    self._cache.put(shard.key, index, version)
+                    self._indices.put(shard.key, (index, version))
                 found[shard.key] = (index, version)
         return found
 

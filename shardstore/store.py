@@ -19,12 +19,12 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress, locate
+from shardstore.cache import IndexCache, ShardCache
 from shardstore.catalog import ArrayCatalog
 from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardingConfigError
 from shardstore.format import ShardLayout
-from shardstore.index_cache import IndexCache
 from shardstore.inner import adapt, slice_range
 from shardstore.keys import check_key
 from shardstore.metadata import (
@@ -40,15 +40,19 @@ from shardstore.metadata import (
     load_document,
     strip_document,
 )
-from shardstore.reader import ShardReader
+from shardstore.reader import ShardReader, WholeShards
 from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
 
-ReadStrategy = Literal["auto", "chunk"]
+ReadStrategy = Literal["auto", "chunk", "shard"]
 IndexCacheMode = Literal["auto", "trust", "off"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
+AUTO_WHOLE_SHARD_BYTES = {True: 64 * 2**20, False: 16 * 2**20}
+"""``read_strategy="auto"`` fetches shards whole up to this uncompressed size, on
+remote stores (True) on first read: one request costs less than two round
+trips; on others on a repeated read: one read instead of many small ones."""
 _ADDRESS_CACHE = 1 << 17
 """Chunk keys whose shard address is remembered (cleared when full)."""
 
@@ -115,6 +119,17 @@ class ShardingStore(Store):
     sequence | None``, or None); existing arrays keep the config recorded in
     their metadata. ``write_strategy`` is ``"rewrite"`` (compact shards) or
     ``"append"`` (append new chunks and index where the inner store can).
+
+    Reads: ``read_strategy="chunk"`` reads the ranges asked for (a batch that
+    wants half of a shard's chunks fetches it whole); ``"shard"`` fetches every
+    shard a read touches whole, into a shard cache of ``shard_cache_bytes``, so
+    the rest of a slab or whole-array read costs no request; ``"auto"`` is
+    ``"shard"`` on remote stores for arrays whose uncompressed shard is at most
+    64 MiB, else ``"chunk"``. ``index_cache="auto"`` caches shard indices only
+    where a read checks them for free (local files) and serves a cached shard
+    for at most ``cache_max_age`` seconds after it was fetched; ``"trust"``
+    caches both until evicted (data that only this store changes); ``"off"``
+    caches nothing. Writes through this store always drop what it cached.
     """
 
     def __init__(
@@ -130,27 +145,63 @@ class ShardingStore(Store):
         read_strategy: ReadStrategy = "auto",
         index_cache: IndexCacheMode = "auto",
         index_cache_bytes: int = 64 * 2**20,
+        shard_cache_bytes: int = 256 * 2**20,
+        cache_max_age: float = 1.0,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
         for name, value, allowed in (
             ("layout", layout, ("transformer",)),
             ("write_strategy", write_strategy, ("rewrite", "append")),
-            ("read_strategy", read_strategy, ("auto", "chunk")),
+            ("read_strategy", read_strategy, ("auto", "chunk", "shard")),
             ("index_cache", index_cache, ("auto", "trust", "off")),
         ):
             if value not in allowed:
                 raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
+        for name, amount in (
+            ("index_cache_bytes", index_cache_bytes),
+            ("shard_cache_bytes", shard_cache_bytes),
+            ("cache_max_age", cache_max_age),
+        ):
+            if not amount >= 0:
+                raise ShardingConfigError(f"{name}={amount!r} must be a number >= 0")
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
-        self._strategies = (layout, write_strategy, read_strategy, index_cache, index_cache_bytes)
+        self._options: dict[str, Any] = {
+            "layout": layout,
+            "write_strategy": write_strategy,
+            "read_strategy": read_strategy,
+            "index_cache": index_cache,
+            "index_cache_bytes": index_cache_bytes,
+            "shard_cache_bytes": shard_cache_bytes,
+            "cache_max_age": cache_max_age,
+        }
         self._catalog = ArrayCatalog(self._inner)
         # "auto": only where a read can check the cached index's version for free
         caching = index_cache == "trust" or (index_cache == "auto" and self._inner.supports_versions)
         self._indices = IndexCache(index_cache_bytes if caching else 0)
-        self._reader = ShardReader(self._inner, self._indices, validate=index_cache == "auto")
+        whole: WholeShards = "never"
+        if read_strategy == "shard":
+            whole = "always"
+        elif read_strategy == "auto" and index_cache != "off":
+            # remote: on first read, served for cache_max_age; local files: on a repeated
+            # read, its version checked by every later read; in memory: ranges, nothing cached
+            if self._inner.remote:
+                whole = "always"
+            elif self._inner.supports_versions:
+                whole = "repeat"
+        self._shards = ShardCache(0 if whole == "never" or index_cache == "off" else shard_cache_bytes)
+        self._reader = ShardReader(
+            self._inner,
+            self._indices,
+            self._shards,
+            validate=index_cache == "auto",
+            whole=whole,
+            whole_limit=AUTO_WHOLE_SHARD_BYTES[self._inner.remote] if read_strategy == "auto" else None,
+            max_age=None if index_cache == "trust" else cache_max_age,
+        )
         self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._reader.forget)
         self._reads = ReadCoalescer(self._read_checked)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
@@ -159,17 +210,12 @@ class ShardingStore(Store):
     # -- identity -------------------------------------------------------------
 
     def _init_kwargs(self) -> dict[str, Any]:
-        layout, write_strategy, read_strategy, index_cache, index_cache_bytes = self._strategies
         return {
             "inner": self._inner_arg,
             "chunks_per_shard": self._policy.chunks_per_shard,
-            "layout": layout,
             "index_location": self._policy.index_location,
             "index_checksum": self._policy.index_checksum,
-            "write_strategy": write_strategy,
-            "read_strategy": read_strategy,
-            "index_cache": index_cache,
-            "index_cache_bytes": index_cache_bytes,
+            **self._options,
             "storage_options": self._storage_options,
         }
 
@@ -178,7 +224,7 @@ class ShardingStore(Store):
             isinstance(other, ShardingStore)
             and self._inner == other._inner
             and self._policy == other._policy
-            and self._strategies == other._strategies
+            and self._options == other._options
             and self.read_only == other.read_only
         )
 

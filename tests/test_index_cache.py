@@ -24,12 +24,24 @@ def _write(store: ShardingStore, value: float = 1.0, **kwargs: Any) -> zarr.Arra
 
 def test_warm_chunk_read_is_one_request_on_local_files(tmp_path: Path) -> None:
     counted = CountingInner(LocalInner(tmp_path))
-    store = ShardingStore(counted, chunks_per_shard=(4, 4))  # index_cache="auto": validated for free here
+    # index_cache="auto": validated for free here; "chunk": always ranges
+    store = ShardingStore(counted, chunks_per_shard=(4, 4), read_strategy="chunk")
     arr = _write(store)
     assert arr[3, 3] == 1  # cold: index, then chunk
     counted.counts.reset()
-    assert arr[5, 6] == 1 and arr[20, 20] == 1  # warm (shards (0, 0) and (0, 0)): one read each
+    assert arr[5, 6] == 1 and arr[20, 20] == 1  # warm (both in shard (0, 0)): one read each
     assert counted.counts.reads == 2
+
+
+def test_auto_fetches_a_repeatedly_read_local_shard_whole_once(tmp_path: Path) -> None:
+    counted = CountingInner(LocalInner(tmp_path))
+    store = ShardingStore(counted, chunks_per_shard=(4, 4))
+    arr = _write(store)
+    assert arr[3, 3] == 1 and arr[5, 6] == 1  # cold: index, then chunk; warm: chunk
+    counted.counts.reset()
+    assert arr[10, 6] == 1  # read again and again: the whole shard, in one request
+    assert arr[20, 20] == 1 and arr[30, 1] == 1  # then from memory, its version checked by a stat
+    assert counted.counts.reads == 1 and counted.counts.read_keys["a/c/0/0"] == 1
 
 
 def test_trust_mode_caches_on_any_inner_store() -> None:

@@ -56,11 +56,22 @@ def test_get_partial_values_is_two_rounds_across_shards() -> None:
     store, counted, arr = _setup()
     arr[:] = 7
     counted.counts.reset()
-    keys = [(f"a/c/{i}/{j}", None) for i in range(8) for j in range(8)]
+    keys = [(f"a/c/{i}/{j}", None) for i in (0, 1, 4, 5) for j in (0, 4)]  # 2 of 16 chunks in 4 shards
     values = asyncio.run(store.get_partial_values(default_buffer_prototype(), keys))
     assert all(v is not None and len(v) == 8 for v in values)
     assert counted.counts.read_batches == 2
-    assert counted.counts.reads == 4 + 4  # four indices, then each shard's 16 ranges as one
+    assert counted.counts.reads == 4 + 4  # four indices, then each shard's 2 ranges as one
+
+
+def test_get_partial_values_wanting_most_of_each_shard_fetches_them_whole() -> None:
+    store, counted, arr = _setup()
+    arr[:] = 7
+    counted.counts.reset()
+    keys = [(f"a/c/{i}/{j}", None) for i in range(8) for j in range(8)]
+    values = asyncio.run(store.get_partial_values(default_buffer_prototype(), keys))
+    assert all(v is not None and len(v) == 8 for v in values)
+    assert counted.counts.read_batches == 1
+    assert counted.counts.reads == 4  # each shard one request, its index parsed from its tail
 
 
 def test_erasing_a_whole_array_reads_no_shard() -> None:
@@ -103,7 +114,7 @@ def test_listing_reads_only_indices() -> None:
     assert counted.counts.bytes_read <= 2 * 16 * 16 + 2000
 
 
-async def test_concurrent_gets_share_index_reads_and_one_batch() -> None:
+async def test_concurrent_gets_of_a_whole_shard_are_one_request() -> None:
     counted = CountingInner({})
     store = ShardingStore(counted, chunks_per_shard=(4, 4))
     arr = await zarr.api.asynchronous.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2")
@@ -113,8 +124,8 @@ async def test_concurrent_gets_share_index_reads_and_one_batch() -> None:
     keys = [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]  # all 16 chunks of shard (0, 0)
     values = await asyncio.gather(*(store.get(k, proto) for k in keys))
     assert all(v is not None for v in values)
-    assert counted.counts.read_keys["a/c/0/0"] == 1 + 1  # one index read, then 16 adjacent ranges as one
-    assert counted.counts.read_batches == 2
+    assert counted.counts.read_keys["a/c/0/0"] == 1  # the whole shard in one request
+    assert counted.counts.read_batches == 1
 
 
 async def test_a_corrupt_shard_fails_only_its_own_reads() -> None:

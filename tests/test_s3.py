@@ -51,13 +51,50 @@ def test_rewrite_update_is_one_get_and_one_put(s3: LocalS3) -> None:
     assert arr[:, 0].tolist() == [v for v in range(4) for _ in range(32)]
 
 
-def test_cold_chunk_read_is_two_ranged_gets(s3: LocalS3) -> None:
-    store = _store(s3, "read.zarr")
-    arr = zarr.create_array(store, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4")
-    arr[:] = 3
+def _written(s3: LocalS3, path: str) -> zarr.Array:
+    arr = zarr.create_array(_store(s3, path), name="a", shape=(256, 256), chunks=(32, 32), dtype="f4")
+    arr[:] = np.arange(256 * 256, dtype="f4").reshape(256, 256)
+    return arr
+
+
+def test_cold_chunk_read_fetches_its_shard_in_one_get(s3: LocalS3) -> None:
+    _written(s3, "cold.zarr")
+    arr = zarr.open_array(_store(s3, "cold.zarr"), path="a")  # read_strategy="auto": whole shards here
     s3.reset()
-    assert arr[40, 40] == 3
-    assert dict(s3.counts) == {"GET": 2}  # the metadata is known; index, then chunk
+    assert arr[40, 40] == 40 * 256 + 40
+    assert dict(s3.counts) == {"GET": 1}
+    s3.reset()
+    assert arr[0:128, 0:128].sum() == np.arange(256 * 256).reshape(256, 256)[0:128, 0:128].sum()
+    assert dict(s3.counts) == {}  # the rest of that shard comes from the shard cache
+
+
+def test_cold_chunk_read_with_chunk_strategy_is_two_ranged_gets(s3: LocalS3) -> None:
+    _written(s3, "ranged.zarr")
+    arr = zarr.open_array(_store(s3, "ranged.zarr", read_strategy="chunk"), path="a")
+    s3.reset()
+    assert arr[40, 40] == 40 * 256 + 40
+    assert dict(s3.counts) == {"GET": 2}  # index (a suffix range), then the chunk's range
+    assert s3.bytes_down < 2 * 32 * 32 * 4
+
+
+def test_warm_chunk_read_with_a_trusted_index_cache_is_one_get(s3: LocalS3) -> None:
+    _written(s3, "warm.zarr")
+    arr = zarr.open_array(_store(s3, "warm.zarr", read_strategy="chunk", index_cache="trust"), path="a")
+    assert arr[0, 0] == 0
+    s3.reset()
+    assert arr[40, 40] == 40 * 256 + 40
+    assert dict(s3.counts) == {"GET": 1}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "shard"])
+def test_whole_array_read_is_one_get_per_shard(s3: LocalS3, strategy: str) -> None:
+    _written(s3, f"whole-{strategy}.zarr")
+    s3.reset()
+    store = _store(s3, f"whole-{strategy}.zarr", read_strategy=strategy)
+    arr = zarr.open_array(store, path="a", zarr_format=3)  # (unasked, zarr also probes v2 names)
+    np.testing.assert_array_equal(arr[:], np.arange(256 * 256, dtype="f4").reshape(256, 256))
+    assert s3.counts["HEAD"] == 0
+    assert s3.counts["GET"] <= 4 + 1  # 4 shards, and the array's metadata
 
 
 def test_listing_and_erasing_on_s3(s3: LocalS3) -> None:

@@ -91,9 +91,18 @@ class InnerStore(ABC):
         elif new is not UNCHANGED:
             await self.set(key, new)
 
+    remote = False
+    """Whether each request costs a network round trip (object stores, HTTP): then
+    one whole-shard request beats several small ones."""
+
     supports_versions = False
     """Whether reads can report, and check, the version of the object read (cheaply,
     in the same request): what lets the index cache validate itself for free."""
+
+    def version(self, key: str) -> Hashable | None:
+        """The object's current version, cheaply (None: absent). Only stores that
+        ``supports_versions`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot tell versions")
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -27,6 +28,7 @@ class FsspecInner(InnerStore):
         self._home_loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._inline = isinstance(fs, MemoryFileSystem)
+        self.remote = not self._inline and not isinstance(fs, LocalFileSystem)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FsspecInner) and self.fs == other.fs and self.root == other.root
@@ -94,6 +96,36 @@ class FsspecInner(InnerStore):
                 except (FileNotFoundError, IsADirectoryError):
                     return None
                 return slice_range(whole, byte_range)
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        """One ``cat_ranges`` call (``_cat_ranges`` on async file systems: the requests
+        run concurrently; on others one thread hop for the batch). Reads that fail
+        for another reason than a missing object are retried alone by :meth:`get`,
+        which knows the fallbacks and names the key in its error."""
+        if len(requests) < 2:
+            return [await self.get(key, byte_range) for key, byte_range in requests]
+        limits = [self._limits(r) if r is not None else (0, None) for _, r in requests]
+        with failure("read", requests[0][0]):
+            values = await self._call(
+                "cat_ranges",
+                [self._path(key) for key, _ in requests],
+                [start for start, _ in limits],
+                [end for _, end in limits],
+                on_error="return",
+            )
+        out: list[bytes | None] = [None] * len(requests)
+        retry: list[int] = []
+        for i, value in enumerate(values):
+            if isinstance(value, FileNotFoundError | IsADirectoryError):
+                continue
+            if isinstance(value, BaseException):
+                retry.append(i)
+            else:
+                out[i] = bytes(value)
+        again = await asyncio.gather(*(self.get(*requests[i]) for i in retry))
+        for i, value in zip(retry, again, strict=True):
+            out[i] = value
+        return out
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):

@@ -52,6 +52,13 @@ class LocalInner(InnerStore):
                 ]
             )
 
+    def version(self, key: str) -> Hashable | None:
+        try:
+            stat = os.stat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
     @staticmethod
     def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
         return LocalInner._read_versioned(path, byte_range, None)[0]
@@ -69,7 +76,11 @@ class LocalInner(InnerStore):
                 if expected is not None and version != expected:
                     return STALE, version
                 if byte_range is None:
-                    return f.read(), version
+                    # a whole shard: its tail must be an index, not half an append
+                    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+                    data = f.read()
+                    stat = os.fstat(f.fileno())
+                    return data, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
                 if isinstance(byte_range, RangeByteRequest):
                     f.seek(byte_range.start)
                     return f.read(max(byte_range.end - byte_range.start, 0)), version

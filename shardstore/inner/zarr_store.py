@@ -7,6 +7,7 @@ from typing import Any
 
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
 from shardstore.inner.base import InnerStore, failure, names_under, slice_range
 
@@ -16,6 +17,7 @@ class ZarrInner(InnerStore):
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.remote = not isinstance(_innermost(store), MemoryStore | LocalStore | ZipStore)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ZarrInner) and self.store == other.store
@@ -57,6 +59,12 @@ class ZarrInner(InnerStore):
         with failure("list", prefix):
             async for name in self.store.list_dir(prefix):
                 yield name
+
+
+def _innermost(store: Store) -> Store:
+    while isinstance(store, WrapperStore):
+        store = store._store
+    return store
 
 
 class MappingInner(InnerStore):

@@ -39,6 +39,8 @@ class LocalS3:
     bucket: str
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     """Requests by HTTP method."""
+    paths: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Requests by ``"METHOD /bucket/key"``."""
     latency_s: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -56,6 +58,7 @@ class LocalS3:
 
     def reset(self) -> None:
         self.counts.clear()
+        self.paths.clear()
         self.bytes_up = self.bytes_down = 0
 
     @property
@@ -76,6 +79,7 @@ def _handler(upstream: tuple[str, int], s3: LocalS3) -> type[BaseHTTPRequestHand
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             s3.counts[self.command] += 1
+            s3.paths[f"{self.command} {self.path.split('?')[0]}"] += 1
             s3.bytes_up += len(body or b"")
             if s3.latency_s:
                 time.sleep(s3.latency_s)

@@ -1,0 +1,102 @@
+"""The read caches: shard indices and whole shards, by shard key, least recently
+used first out, each bounded by bytes.
+
+Index entries carry the object version they were read at, where the inner store
+can tell one, so that a read can check them for free. Whole shards are
+self-consistent snapshots (bytes and their own index), so a cached one can be
+old but never garbage; the reader decides how long one may be served.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from shardstore.format import MISSING, ShardIndex
+
+__all__ = ["IndexCache", "LruCache", "ShardCache", "ShardSnapshot"]
+
+V = TypeVar("V")
+
+
+class LruCache(Generic[V]):
+    """A thread-safe LRU mapping whose values' total size stays within ``max_bytes``."""
+
+    def __init__(self, max_bytes: int, size: Callable[[V], int]) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: str, value: V) -> None:
+        nbytes = self._size(value)
+        if nbytes > self.max_bytes:
+            self.drop(key)
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= self._size(old)
+            self._entries[key] = value
+            self.nbytes += nbytes
+            while self.nbytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self.nbytes -= self._size(evicted)
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= self._size(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+IndexEntry = tuple[ShardIndex, Hashable]
+
+
+class IndexCache(LruCache[IndexEntry]):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes, lambda entry: entry[0].nbytes)
+
+
+@dataclass(frozen=True)
+class ShardSnapshot:
+    """A whole shard object with its checked index, as fetched by a request sent
+    at ``fetched_at`` (``time.monotonic()``), at ``version`` where the store tells."""
+
+    data: bytes
+    index: ShardIndex
+    fetched_at: float
+    version: Hashable | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + self.index.nbytes
+
+    def chunk(self, position: int) -> tuple[int, int] | None:
+        """(offset, nbytes) of the chunk at ``position``, None where absent."""
+        offset, nbytes = (int(v) for v in self.index[position])
+        return None if offset == MISSING else (offset, nbytes)
+
+
+class ShardCache(LruCache[ShardSnapshot]):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes, lambda snapshot: snapshot.nbytes)

@@ -1,0 +1,226 @@
+"""Read strategies and the shard cache: what each read asks of the inner store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.abc.store import ByteRequest
+from zarr.core.buffer import default_buffer_prototype
+
+from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
+from shardstore.inner import MappingInner
+from shardstore.instrument import CountingInner
+
+DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
+
+
+class RemoteMapping(MappingInner):
+    """A mapping that says it is remote, as object stores do."""
+
+    remote = True
+
+
+class SlowMapping(MappingInner):
+    """A mapping whose reads take a while, so that fetches overlap."""
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        await asyncio.sleep(0.05)
+        return await super().get_many_versioned(requests, expected)
+
+
+def _written(inner: Any = None, **kwargs: Any) -> tuple[CountingInner, dict[str, Any]]:
+    """A 32 x 32 array of 2 x 2 chunks, 4 x 4 chunks per shard: 16 shards."""
+    backing: dict[str, Any] = {}
+    counted = CountingInner(inner(backing) if inner else backing)
+    arr = zarr.create_array(
+        ShardingStore(counted, chunks_per_shard=(4, 4)),
+        name="a",
+        shape=DATA.shape,
+        chunks=(2, 2),
+        dtype=DATA.dtype,
+        compressors=None,
+        **kwargs,
+    )
+    arr[:] = DATA
+    counted.counts.reset()
+    return counted, backing
+
+
+def _open(counted: CountingInner, **options: Any) -> tuple[ShardingStore, zarr.Array]:
+    store = ShardingStore(counted, **options)
+    arr = zarr.open_array(store, path="a", zarr_format=3)
+    counted.counts.reset()
+    return store, arr
+
+
+def _chunk_reads(counted: CountingInner) -> int:
+    return sum(n for key, n in counted.counts.read_keys.items() if "/c/" in key)
+
+
+def test_shard_strategy_cold_chunk_is_one_request_and_the_rest_of_its_shard_is_free() -> None:
+    counted, _ = _written()
+    _, arr = _open(counted, read_strategy="shard")
+    assert arr[3, 5] == DATA[3, 5]
+    assert counted.counts.reads == 1 and counted.counts.read_keys["a/c/0/0"] == 1
+    np.testing.assert_array_equal(arr[0:8, 0:8], DATA[0:8, 0:8])
+    assert counted.counts.reads == 1
+
+
+def test_shard_strategy_whole_array_is_one_request_per_shard() -> None:
+    counted, _ = _written()
+    _, arr = _open(counted, read_strategy="shard")
+    np.testing.assert_array_equal(arr[:], DATA)
+    assert counted.counts.reads == 16
+    assert set(counted.counts.read_keys.values()) == {1}
+
+
+def test_absent_shards_are_remembered_too() -> None:
+    counted, _ = _written(fill_value=9)
+    _, arr = _open(counted, read_strategy="shard")
+    arr.resize((64, 32))
+    counted.counts.reset()
+    assert arr[40, 0] == 9 and arr[41, 3] == 9
+    assert counted.counts.reads == 1  # shard (5, 0) does not exist: one request says so
+
+
+def test_chunk_strategy_fetches_a_shard_whole_only_for_a_batch_wanting_most_of_it() -> None:
+    counted, _ = _written()
+    _, arr = _open(counted, read_strategy="chunk")
+    assert arr[3, 5] == DATA[3, 5]
+    assert counted.counts.reads == 2  # index, then the chunk
+    counted.counts.reset()
+    keys = [(f"a/c/{i}/{j}", None) for i in range(4, 8) for j in range(4)]  # shard (1, 0), whole
+    store = arr.store
+    values = asyncio.run(store.get_partial_values(default_buffer_prototype(), keys))
+    assert all(v is not None for v in values)
+    assert counted.counts.reads == 1 and not counted.counts.writes
+
+
+def test_auto_fetches_whole_shards_on_remote_stores_only() -> None:
+    local, _ = _written()
+    _, arr = _open(local)
+    assert arr[3, 5] == DATA[3, 5]
+    assert local.counts.reads == 2  # a mapping in memory: ranges
+    remote, _ = _written(RemoteMapping)
+    _, arr = _open(remote)
+    assert arr[3, 5] == DATA[3, 5]
+    assert remote.counts.reads == 1  # a remote store: the whole (small) shard
+
+
+def test_auto_reads_ranges_of_shards_too_large_to_fetch_whole() -> None:
+    backing: dict[str, Any] = {}
+    counted = CountingInner(RemoteMapping(backing))
+    store = ShardingStore(counted, chunks_per_shard=(4, 4))
+    # 16 chunks of 1024 x 1024 float64: 128 MiB a shard before compression
+    arr = zarr.create_array(store, name="a", shape=(8192, 8192), chunks=(1024, 1024), dtype="f8")
+    arr[0:1024, 0:1024] = 1.5
+    counted.counts.reset()
+    fresh = zarr.open_array(ShardingStore(counted), path="a", zarr_format=3)
+    counted.counts.reset()
+    assert fresh[5, 5] == 1.5
+    assert counted.counts.reads == 2
+
+
+def test_shard_cache_stays_within_its_bound() -> None:
+    counted, _ = _written()
+    shard_nbytes = 16 * 8 + 16 * 16  # 16 chunks of 8 bytes, and the index
+    store, arr = _open(counted, read_strategy="shard", shard_cache_bytes=3 * shard_nbytes)
+    np.testing.assert_array_equal(arr[:], DATA)
+    assert 0 < store._shards.nbytes <= 3 * shard_nbytes
+    assert len(store._shards) <= 3
+
+
+@pytest.mark.parametrize("mode", ["auto", "trust"])
+def test_read_after_own_write_is_fresh(mode: str) -> None:
+    counted, _ = _written()
+    _, arr = _open(counted, read_strategy="shard", index_cache=mode)
+    for value in range(3):
+        assert arr[0, 0] == (DATA[0, 0] if value == 0 else value - 1)
+        arr[0:2, 0:2] = value
+        assert arr[1, 1] == value and arr[2, 2] == DATA[2, 2]
+
+
+def test_another_writer_is_seen_once_the_cached_shard_is_older_than_max_age() -> None:
+    counted, _ = _written()
+    _, reader = _open(counted, read_strategy="shard", cache_max_age=0.2)
+    _, writer = _open(counted)
+    assert reader[0, 0] == DATA[0, 0]
+    writer[0:2, 0:2] = 777
+    assert reader[1, 1] == DATA[1, 1]  # a snapshot of the shard: old, never garbage
+    time.sleep(0.25)
+    assert reader[1, 1] == 777
+
+
+@pytest.mark.parametrize("options", [{"cache_max_age": 0}, {"index_cache": "off"}])
+def test_another_writer_is_seen_at_once_without_shard_caching(options: dict[str, Any]) -> None:
+    counted, _ = _written()
+    _, reader = _open(counted, read_strategy="shard", **options)
+    _, writer = _open(counted)
+    assert reader[0, 0] == DATA[0, 0]
+    writer[0:2, 0:2] = 777
+    assert reader[1, 1] == 777
+
+
+def test_trusted_shards_stay_until_evicted() -> None:
+    counted, _ = _written()
+    _, reader = _open(counted, read_strategy="shard", index_cache="trust", cache_max_age=0)
+    assert reader[0, 0] == DATA[0, 0]
+    assert reader[1, 1] == DATA[1, 1]
+    assert counted.counts.reads == 1
+
+
+async def test_concurrent_fetches_of_one_shard_share_one_request() -> None:
+    counted, _ = _written(SlowMapping)
+    store = ShardingStore(counted, read_strategy="shard")
+    proto = default_buffer_prototype()
+    await store.get("a/zarr.json", proto)
+    counted.counts.reset()
+    first = asyncio.ensure_future(store.get("a/c/0/0", proto))
+    await asyncio.sleep(0.01)  # the first fetch is under way: a later read joins it
+    second = await store.get("a/c/1/1", proto)
+    assert second is not None and (await first) is not None
+    assert counted.counts.reads == 1
+
+
+async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> None:
+    counted, _ = _written(SlowMapping)
+    store = ShardingStore(counted, read_strategy="shard")
+    await store.get("a/zarr.json", default_buffer_prototype())
+    where = await store._resolve("a/c/1/1")
+    assert where
+    counted.counts.reset()
+    first = asyncio.ensure_future(store._reader.fetch_shards([where.shard]))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(store._reader.fetch_shards([where.shard]))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    ((snapshot, error),) = await asyncio.wait_for(second, 5)
+    assert error is None and snapshot is not None
+    assert snapshot.chunk(where.position) is not None
+    assert counted.counts.reads == 1  # the joined fetch's own (the cancelled one never completed)
+
+
+def test_a_corrupt_shard_raises_naming_it_and_others_still_read() -> None:
+    counted, backing = _written()
+    backing["a/c/0/1"] = backing["a/c/0/1"][:-3]
+    _, arr = _open(counted, read_strategy="shard")
+    with pytest.raises(ShardFormatError, match="a/c/0/1"):
+        arr[0, 8]
+    assert arr[0, 0] == DATA[0, 0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"read_strategy": "whole"}, {"shard_cache_bytes": -1}, {"cache_max_age": float("nan")}],
+)
+def test_bad_read_options_are_config_errors(options: dict[str, Any]) -> None:
+    with pytest.raises(ShardingConfigError, match=next(iter(options))):
+        ShardingStore({}, **options)
