@@ -33,8 +33,12 @@ class ShardAddress:
         return _in_grid_positions(self.info.grid_shape, self.layout.chunks_per_shard, self.coords)
 
     def present_keys(self, index: ShardIndex) -> list[tuple[int, str]]:
-        """(position, chunk key) of every chunk the index says is present."""
+        """(position, chunk key) of every chunk inside the array the index says is
+        present (other tools may store chunks beyond the array's edge)."""
         positions = present_positions(index)
+        inside = self.in_grid_positions()
+        if len(inside) < self.layout.n_chunks:
+            positions = positions[np.isin(positions, inside)]
         coords = chunk_coords_in_shard(self.coords, self.layout.chunks_per_shard)[positions]
         return [(int(p), self.info.key(c.tolist())) for p, c in zip(positions, coords, strict=True)]
 

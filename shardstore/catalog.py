@@ -9,6 +9,7 @@ in the inner store. Entries are dropped when their documents are deleted.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from shardstore.inner import InnerStore
 from shardstore.keys import candidate_array_paths, join_path
@@ -22,6 +23,9 @@ class ArrayCatalog:
         self._inner = inner
         # path -> document name -> (document present, the array it describes if any)
         self._docs: dict[str, dict[str, tuple[bool, ArrayInfo | None]]] = {}
+        self._zarr_sharded: set[str] = set()
+        """Paths where zarr wrote ``sharding_indexed`` metadata through this store: zarr
+        shards those arrays itself, so they pass through untouched."""
         self.generation = 0
         """Bumped whenever what the catalog knows changes: answers derived from it expire."""
 
@@ -31,9 +35,21 @@ class ArrayCatalog:
             return None
         doc = None if raw is None else load_document(raw)
         info = None if doc is None else array_info(path, name, doc)
+        if info is not None and info.form == "codec" and path in self._zarr_sharded:
+            info = replace(info, layout=None, codec_sharded=True, form="transformer")
         self._docs.setdefault(path, {})[name] = (raw is not None, info)
         self.generation += 1
         return info
+
+    def zarr_shards(self, path: str, itself: bool) -> None:
+        """Record whether zarr itself shards the array it just wrote at ``path``."""
+        if itself:
+            self._zarr_sharded.add(path)
+        else:
+            self._zarr_sharded.discard(path)
+
+    def zarr_sharded(self, path: str) -> bool:
+        return path in self._zarr_sharded
 
     def forget(self, prefix: str) -> None:
         """Drop every path at or below the directory ``prefix`` ("" or ending in "/")."""

@@ -73,6 +73,14 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout(args: argparse.Namespace) -> int:
+    from shardstore.layouts import switch_layout
+
+    changed = switch_layout(_store(args), args.prefix, args.to)
+    print(f"{args.prefix or '/'}: layout {args.to}" + ("" if changed else " already; nothing written"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardstore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         ("info", "arrays, shards, chunks present, fill ratio, dead bytes"),
         ("verify", "check every shard index and chunk range; exit 1 naming damaged keys"),
         ("compact", "rewrite shards that carry dead bytes"),
+        ("layout", "switch a v3 array between layouts 'transformer' and 'codec' (metadata only)"),
     ):
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("url", help="the store, as an fsspec URL")
@@ -92,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "verify":
             cmd.add_argument("--decode", action="store_true", help="also decode every chunk through zarr")
+        if name == "layout":
+            cmd.add_argument("--to", required=True, choices=["transformer", "codec"])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from shardstore.demo import run_demo
 
         return run_demo(args.dir)
-    handlers = {"ls": _ls, "info": _info, "verify": _verify, "compact": _compact}
+    handlers = {"ls": _ls, "info": _info, "verify": _verify, "compact": _compact, "layout": _layout}
     try:
         return handlers[args.command](args)
     except ShardStoreError as exc:

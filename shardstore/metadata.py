@@ -13,10 +13,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from shardstore.codec_form import parse_codec_form, to_codec_form, to_plain_form
 from shardstore.errors import ShardingConfigError
 from shardstore.format import ShardLayout
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -29,7 +30,7 @@ __all__ = [
     "dump_document",
     "inject_layout",
     "load_document",
-    "strip_document",
+    "present_document",
 ]
 
 V3_NAME = "zarr.json"
@@ -44,6 +45,7 @@ MAX_CHUNKS_PER_SHARD = 2**24
 """An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
 
 Document: TypeAlias = dict[str, Any]
+Layout: TypeAlias = Literal["transformer", "codec"]
 ChunksPerShard: TypeAlias = (
     Sequence[int] | Mapping[str, Sequence[int]] | Callable[[str, Document], Sequence[int] | None] | None
 )
@@ -141,9 +143,14 @@ class ArrayInfo:
     grammar: ChunkKeyGrammar
     layout: ShardLayout | None
     codec_sharded: bool = False
-    """zarr's own ``sharding_indexed`` codec: passed through, never sharded twice."""
+    """A ``sharding_indexed`` array passed through untouched: zarr shards it itself
+    (it created it through this store), or its inner chunks cannot be served."""
     itemsize: int | None = None
     """Bytes per element where the data type has a fixed size, else None."""
+    form: Layout = "transformer"
+    """How the sharding is recorded: our transformer entry, or standard codec metadata."""
+    passthrough_reason: str | None = None
+    """Why a ``sharding_indexed`` array is passed through rather than served."""
 
     @property
     def nominal_shard_nbytes(self) -> int | None:
@@ -217,12 +224,10 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
             chunks = (
                 grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
             )
-            codec_sharded = any(
-                isinstance(c, dict) and c.get("name") == "sharding_indexed" for c in doc.get("codecs", [])
-            )
+            codec = parse_codec_form(doc)
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
-            chunks, codec_sharded = doc.get("chunks"), False
+            chunks, codec = doc.get("chunks"), None
         else:
             return None
         shape = tuple(int(s) for s in doc["shape"])
@@ -234,10 +239,19 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != len(shape):
         return None
-    ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
-    layout = _layout_from_entry(path, ours[0], len(shape)) if ours else None
     itemsize = _itemsize(doc.get("data_type", doc.get("dtype")))
-    return ArrayInfo(path, shape, chunks, grammar, layout, codec_sharded, itemsize)
+    ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
+    if ours:
+        layout = _layout_from_entry(path, ours[0], len(shape))
+        return ArrayInfo(path, shape, chunks, grammar, layout, itemsize=itemsize)
+    if codec is None:
+        return ArrayInfo(path, shape, chunks, grammar, None, itemsize=itemsize)
+    reason = codec.unservable
+    if codec.layout is not None and codec.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
+        reason = f"{codec.layout.n_chunks} inner chunks per shard, more than {MAX_CHUNKS_PER_SHARD}"
+    if reason is not None or codec.inner_chunks is None:
+        return ArrayInfo(path, shape, chunks, grammar, None, True, itemsize, passthrough_reason=reason)
+    return ArrayInfo(path, shape, codec.inner_chunks, grammar, codec.layout, False, itemsize, "codec")
 
 
 def _itemsize(dtype: object) -> int | None:
@@ -250,13 +264,29 @@ def _itemsize(dtype: object) -> int | None:
     return size or None
 
 
-def strip_document(name: str, doc: Document) -> bool:
-    """Remove our transformer entries from ``doc`` in place (nested consolidated
-    documents included); True if anything was removed."""
-    changed = _strip_one(doc)
-    for child in consolidated_arrays(name, doc).values():
-        changed |= _strip_one(child)
+def present_document(path: str, name: str, doc: Document, passthrough: Callable[[str], bool]) -> bool:
+    """Make ``doc`` (and the array documents consolidated in it) what zarr must see
+    above the store, in place: our transformer entries removed, codec-form arrays
+    shown as their plain chunks unless ``passthrough(array path)``. True if
+    anything changed."""
+    changed = name in ARRAY_DOC_NAMES and _present_one(path, doc, passthrough)
+    for rel, child in consolidated_arrays(name, doc).items():
+        changed |= _present_one(join_path(path, rel), child, passthrough)
     return changed
+
+
+def _present_one(path: str, doc: Document, passthrough: Callable[[str], bool]) -> bool:
+    if _strip_one(doc):
+        return True
+    form = parse_codec_form(doc) if doc.get("node_type") == "array" else None
+    if form is None or form.unservable is not None or passthrough(path):
+        return False
+    if form.layout is None or form.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
+        return False
+    plain = to_plain_form(doc, form)
+    doc.clear()
+    doc.update(plain)
+    return True
 
 
 def _strip_one(doc: Document) -> bool:
@@ -271,8 +301,15 @@ def _strip_one(doc: Document) -> bool:
     return True
 
 
-def inject_layout(doc: Document, layout: ShardLayout) -> None:
-    """Record ``layout`` in an array document in place, replacing any earlier entry."""
+def inject_layout(doc: Document, layout: ShardLayout, form: Layout = "transformer") -> None:
+    """Record ``layout`` in a plain array document in place, replacing any earlier
+    entry: as our transformer entry, or (``form="codec"``, zarr v3 only) as
+    standard ``sharding_indexed`` metadata."""
+    if form == "codec":
+        sharded = to_codec_form(doc, layout)
+        doc.clear()
+        doc.update(sharded)
+        return
     rest = [t for t in doc.get("storage_transformers") or [] if not _is_our_entry(t)]
     doc["storage_transformers"] = [layout_entry(layout), *rest]
 

@@ -30,15 +30,17 @@ from shardstore.keys import check_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
     METADATA_NAMES,
+    V3_NAME,
     ArrayInfo,
     ChunksPerShard,
+    Layout,
     ShardingPolicy,
     array_info,
     consolidated_arrays,
     dump_document,
     inject_layout,
     load_document,
-    strip_document,
+    present_document,
 )
 from shardstore.reader import ShardReader, WholeShards
 from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
@@ -137,7 +139,7 @@ class ShardingStore(Store):
         inner: Any,
         chunks_per_shard: ChunksPerShard = None,
         *,
-        layout: Literal["transformer"] = "transformer",
+        layout: Layout = "transformer",
         read_only: bool = False,
         index_location: Literal["start", "end"] = "end",
         index_checksum: bool = False,
@@ -151,7 +153,7 @@ class ShardingStore(Store):
     ) -> None:
         super().__init__(read_only=read_only)
         for name, value, allowed in (
-            ("layout", layout, ("transformer",)),
+            ("layout", layout, ("transformer", "codec")),
             ("write_strategy", write_strategy, ("rewrite", "append")),
             ("read_strategy", read_strategy, ("auto", "chunk", "shard")),
             ("index_cache", index_cache, ("auto", "trust", "off")),
@@ -396,7 +398,7 @@ class ShardingStore(Store):
         if raw is None:
             return None
         doc = load_document(raw)
-        if doc is not None and strip_document(name, doc):
+        if doc is not None and present_document(path, name, doc, self._catalog.zarr_sharded):
             raw = dump_document(doc)
         return slice_range(raw, byte_range)
 
@@ -483,10 +485,13 @@ class ShardingStore(Store):
         doc = load_document(raw)
         if doc is not None:
             changed = False
-            if name in ARRAY_DOC_NAMES:
-                layout = await self._layout_for_written(path, name, doc)
-                if layout is not None:
-                    inject_layout(doc, layout)
+            written = array_info(path, name, doc) if name in ARRAY_DOC_NAMES else None
+            if written is not None:
+                itself = written.form == "codec" or written.codec_sharded  # zarr's own sharding codec
+                self._catalog.zarr_shards(path, itself)
+                decided = None if itself else await self._layout_for_written(path, name, written, doc)
+                if decided is not None:
+                    inject_layout(doc, *decided)
                     changed = True
             children = consolidated_arrays(name, doc)
             infos = await asyncio.gather(
@@ -494,25 +499,34 @@ class ShardingStore(Store):
             )
             for child, info in zip(children.values(), infos, strict=True):
                 if info is not None and info.layout is not None:
-                    inject_layout(child, info.layout)
+                    inject_layout(child, info.layout, info.form)
                     changed = True
             if changed:
                 raw = dump_document(doc)
         await self._inner.set(key, raw)
         self._catalog.remember(path, name, raw)
 
-    async def _layout_for_written(self, path: str, name: str, doc: dict[str, Any]) -> ShardLayout | None:
-        written = array_info(path, name, doc)
-        if written is None:
-            return None
+    async def _layout_for_written(
+        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
+    ) -> tuple[ShardLayout, Layout] | None:
+        """How a plain array document zarr writes is to be sharded, and in which form."""
         if written.layout is not None:  # the writer recorded a config itself
-            return written.layout
+            return written.layout, "transformer"
         existing = await self._catalog.document(path, name)  # the document being replaced
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
-            return existing.layout  # the same array, resized or re-attributed: keep its config
-        if written.codec_sharded:
-            return None  # zarr's own sharding codec: never shard twice
-        return self._policy.layout_for(path, doc, written.ndim)
+            # the same array, resized or re-attributed: keep its config and form
+            return None if existing.layout is None else (existing.layout, existing.form)
+        layout = self._policy.layout_for(path, doc, written.ndim)
+        if layout is None:
+            return None
+        form: Layout = self._options["layout"]
+        if form == "codec" and name != V3_NAME:
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "
+                "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
+                "layout='transformer'"
+            )
+        return layout, form
 
     # -- deletes -----------------------------------------------------------------
 

@@ -1,0 +1,139 @@
+"""The ``sharding_indexed`` codec form of an array's metadata (layout "codec").
+
+Our shards are byte for byte the ``sharding_indexed`` codec v1.0 format, so
+one array can be described two ways: as a plain chunked array with our
+storage transformer (layout "transformer"), or as standard zarr v3 metadata
+whose only codec is ``sharding_indexed`` (outer chunk = shard, inner chunk =
+zarr's chunk), which zarr-python, tensorstore and zarrs read without
+shardstore. These pure functions convert between the forms and decide
+whether a codec-form document, written by any tool, can be served as plain
+chunks: only when each inner chunk is a byte range of the shard, that is,
+when ``sharding_indexed`` is the array's only codec and its index is in a
+format we read.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from shardstore.format import ShardLayout
+
+__all__ = ["CodecForm", "index_codecs", "parse_codec_form", "to_codec_form", "to_plain_form"]
+
+Document = dict[str, Any]
+SHARDING_CODEC = "sharding_indexed"
+_BYTES_LITTLE = {"name": "bytes", "configuration": {"endian": "little"}}
+_CRC32C = {"name": "crc32c"}
+
+
+@dataclass(frozen=True)
+class CodecForm:
+    """What a ``sharding_indexed`` array document says, or why it cannot be served."""
+
+    inner_chunks: tuple[int, ...] | None = None
+    layout: ShardLayout | None = None
+    inner_codecs: list[Any] | None = None
+    unservable: str | None = None
+    """Why the array's inner chunks are not byte ranges we can serve (None: they are)."""
+
+
+def index_codecs(layout: ShardLayout) -> list[Document]:
+    """Always spelled out: zarr-python assumes ``[bytes, crc32c]`` when they are missing."""
+    return [dict(_BYTES_LITTLE), *([dict(_CRC32C)] if layout.index_checksum else [])]
+
+
+def _is_codec(entry: Any, name: str) -> bool:
+    return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
+
+
+def _config(entry: Any) -> Document:
+    config = entry.get("configuration") if isinstance(entry, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def _index_checksum(codecs: Any) -> bool | None:
+    """Whether the index codecs are ``[bytes(little)]`` (False) or with ``crc32c``
+    (True); None for anything else. Missing means ``[bytes, crc32c]`` (zarr-python's
+    reading of such documents)."""
+    if codecs is None:
+        return True
+    if not isinstance(codecs, list) or not codecs or not _is_codec(codecs[0], "bytes"):
+        return None
+    if _config(codecs[0]).get("endian", "little") != "little":
+        return None
+    rest = codecs[1:]
+    if not rest:
+        return False
+    if len(rest) == 1 and _is_codec(rest[0], "crc32c"):
+        return True
+    return None
+
+
+def parse_codec_form(doc: Document) -> CodecForm | None:
+    """None unless ``doc`` is a v3 array using the sharding codec; else its inner
+    geometry and shard layout, or the reason it cannot be served as plain chunks."""
+    codecs = doc.get("codecs")
+    if not isinstance(codecs, list) or not any(_is_codec(c, SHARDING_CODEC) for c in codecs):
+        return None
+    if len(codecs) != 1:
+        return CodecForm(
+            unservable="sharding_indexed is not the array's only codec (an array-to-array codec "
+            "before it or a bytes-to-bytes codec after it changes what an inner chunk's bytes are)"
+        )
+    config = _config(codecs[0])
+    inner_codecs = config.get("codecs")
+    grid = doc.get("chunk_grid")
+    shard_shape = _config(grid).get("chunk_shape") if _is_codec(grid, "regular") else None
+    inner = config.get("chunk_shape")
+    if not (isinstance(shard_shape, list) and isinstance(inner, list) and len(inner) == len(shard_shape)):
+        return CodecForm(unservable="the sharding codec's chunk_shape does not match a regular chunk grid")
+    if not all(isinstance(c, int) and c > 0 for c in inner) or any(
+        s % c for s, c in zip(shard_shape, inner, strict=True)
+    ):
+        return CodecForm(
+            unservable=f"inner chunk_shape {inner} does not divide the shard shape {shard_shape}"
+        )
+    if not isinstance(inner_codecs, list) or any(_is_codec(c, SHARDING_CODEC) for c in inner_codecs):
+        return CodecForm(unservable="nested sharding (a sharding codec inside the sharding codec)")
+    checksum = _index_checksum(config.get("index_codecs"))
+    if checksum is None:
+        return CodecForm(
+            unservable=f"index_codecs {config.get('index_codecs')!r} are not bytes(little) with "
+            "an optional crc32c"
+        )
+    location = config.get("index_location", "end")
+    if location not in ("start", "end"):
+        return CodecForm(unservable=f"index_location {location!r} is neither 'start' nor 'end'")
+    cps = tuple(s // c for s, c in zip(shard_shape, inner, strict=True))
+    return CodecForm(tuple(inner), ShardLayout(cps, location, checksum), inner_codecs)
+
+
+def to_plain_form(doc: Document, form: CodecForm) -> Document:
+    """The plain chunked array zarr sees above the store: inner chunks, inner codecs."""
+    assert form.inner_chunks is not None and form.inner_codecs is not None
+    plain = copy.deepcopy(doc)
+    plain["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(form.inner_chunks)}}
+    plain["codecs"] = copy.deepcopy(form.inner_codecs)
+    return plain
+
+
+def to_codec_form(doc: Document, layout: ShardLayout) -> Document:
+    """Standard ``sharding_indexed`` metadata for a plain v3 array document."""
+    inner = list(_config(doc.get("chunk_grid")).get("chunk_shape") or [])
+    sharded = copy.deepcopy(doc)
+    shard_shape = [c * n for c, n in zip(inner, layout.chunks_per_shard, strict=True)]
+    sharded["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
+    sharded["codecs"] = [
+        {
+            "name": SHARDING_CODEC,
+            "configuration": {
+                "chunk_shape": inner,
+                "codecs": copy.deepcopy(doc.get("codecs") or []),
+                "index_codecs": index_codecs(layout),
+                "index_location": layout.index_location,
+            },
+        }
+    ]
+    return sharded
