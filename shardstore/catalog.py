@@ -13,7 +13,16 @@ from dataclasses import replace
 
 from shardstore.inner import InnerStore
 from shardstore.keys import candidate_array_paths, join_path
-from shardstore.metadata import ARRAY_DOC_NAMES, V2_ARRAY, V3_NAME, ArrayInfo, array_info, load_document
+from shardstore.metadata import (
+    ARRAY_DOC_NAMES,
+    DRAFT_DOC,
+    V2_ARRAY,
+    V3_NAME,
+    ArrayInfo,
+    array_info,
+    draft_document_key,
+    load_document,
+)
 
 __all__ = ["ArrayCatalog"]
 
@@ -31,7 +40,7 @@ class ArrayCatalog:
 
     def remember(self, path: str, name: str, raw: bytes | None) -> ArrayInfo | None:
         """Record what a metadata document read or written through the store says."""
-        if name not in ARRAY_DOC_NAMES:
+        if name not in ARRAY_DOC_NAMES and name != DRAFT_DOC:
             return None
         doc = None if raw is None else load_document(raw)
         info = None if doc is None else array_info(path, name, doc)
@@ -60,6 +69,8 @@ class ArrayCatalog:
     def _known(self, path: str) -> tuple[bool, ArrayInfo | None]:
         """Whether the catalog can tell what is at ``path``, and the array if so."""
         docs = self._docs.get(path, {})
+        if DRAFT_DOC in docs:
+            return True, docs[DRAFT_DOC][1]
         present, info = docs.get(V3_NAME, (False, None))
         if present:  # zarr reads zarr.json whenever there is one, whatever .zarray says
             return True, info
@@ -74,6 +85,10 @@ class ArrayCatalog:
         known, info = self._known(path)
         if known:
             return info
+        draft = draft_document_key(path)
+        if draft is not None:  # the v3 draft's layout: metadata kept apart from the chunks
+            self.remember(path, DRAFT_DOC, await self._inner.get(draft))
+            return self._known(path)[1]
         docs = self._docs.get(path, {})
         missing = [n for n in ARRAY_DOC_NAMES if n not in docs]
         raws = await self._inner.get_many([(join_path(path, n), None) for n in missing])

@@ -28,6 +28,7 @@ __all__ = [
 
 _INT = re.compile(r"0|[1-9][0-9]*")
 _DOTTED = re.compile(r"(?:c|0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
+_DRAFT_FIRST = re.compile(r"c(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 
 Separator = Literal["/", "."]
 
@@ -49,16 +50,20 @@ class ChunkKeyGrammar:
 
     ``default`` is zarr v3's ``c/1/2`` (or ``c.1.2``; ``c`` for 0-d) and ``v2``
     is zarr v2's ``1.2`` (or ``1/2``; ``0`` for 0-d), used by v2 arrays and by
-    v3 arrays with the ``v2`` chunk key encoding.
+    v3 arrays with the ``v2`` chunk key encoding. ``draft`` is the pre-release
+    v3 draft's ``c1/2`` (zarr-python 2.x's experimental v3 arrays, under
+    ``data/root/``).
     """
 
-    kind: Literal["default", "v2"]
+    kind: Literal["default", "v2", "draft"]
     separator: Separator
 
     def encode(self, coords: tuple[int, ...] | list[int]) -> str:
         body = self.separator.join(map(str, coords))
         if self.kind == "default":
             return f"c{self.separator}{body}" if body else "c"
+        if self.kind == "draft":
+            return f"c{body}"
         return body or "0"
 
     def decode(self, tail: str) -> tuple[int, ...] | None:
@@ -67,12 +72,13 @@ class ChunkKeyGrammar:
         ``v2``'s ``0`` reads as ``(0,)``: only the array's rank tells it from the
         0-d key, see :meth:`decode_rank`.
         """
-        if self.kind == "default":
+        if self.kind != "v2":
             if tail == "c":
                 return ()
-            if not tail.startswith("c" + self.separator):
+            lead = "c" + (self.separator if self.kind == "default" else "")
+            if not tail.startswith(lead):
                 return None
-            tail = tail[2:]
+            tail = tail[len(lead) :]
         parts = tail.split(self.separator)
         if all(_INT.fullmatch(p) for p in parts):
             return tuple(int(p) for p in parts)
@@ -88,6 +94,8 @@ class ChunkKeyGrammar:
         """The prefix every chunk key of an array of that rank starts with."""
         if self.kind == "default":
             return "c" + self.separator if ndim else "c"
+        if self.kind == "draft":
+            return "c"
         return "" if ndim else "0"
 
 
@@ -107,6 +115,10 @@ def candidate_array_paths(key: str) -> list[str]:
     if j > 0 and segs[j - 1] == "c":
         cuts.append(j - 1)
     if _DOTTED.fullmatch(segs[-1]):
+        cuts.append(n - 1)
+    if j > 0 and _DRAFT_FIRST.fullmatch(segs[j - 1]):  # the v3 draft's c1/2 (or c1.2)
+        cuts.append(j - 1)
+    elif _DRAFT_FIRST.fullmatch(segs[-1]):
         cuts.append(n - 1)
     cuts.extend(range(j, n))
     seen: dict[str, None] = {}

@@ -38,6 +38,10 @@ V2_ARRAY = ".zarray"
 V2_CONSOLIDATED = ".zmetadata"
 METADATA_NAMES = frozenset({V3_NAME, V2_ARRAY, ".zgroup", ".zattrs", V2_CONSOLIDATED})
 ARRAY_DOC_NAMES = (V3_NAME, V2_ARRAY)
+DRAFT_DOC = ".array.json"
+"""The v3 draft's array document (zarr-python 2.x's experimental v3): the chunks of
+the array at ``data/root/<p>`` are described by ``meta/root/<p>.array.json``."""
+_DRAFT_DATA, _DRAFT_META = "data/root", "meta/root"
 
 TRANSFORMER_NAME = "sharding"
 _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
@@ -209,6 +213,14 @@ def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
     return None
 
 
+def draft_document_key(path: str) -> str | None:
+    """Where the v3 draft keeps the metadata of the array whose chunks are under
+    ``path`` (``data/root/g/a`` -> ``meta/root/g/a.array.json``); None if nowhere."""
+    if path == _DRAFT_DATA or path.startswith(_DRAFT_DATA + "/"):
+        return _DRAFT_META + path[len(_DRAFT_DATA) :] + DRAFT_DOC
+    return None
+
+
 def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
     """The array described by a stored metadata document, or None if it is no array we can key.
 
@@ -228,6 +240,11 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
             chunks, codec = doc.get("chunks"), None
+        elif name == DRAFT_DOC:
+            grid = doc.get("chunk_grid", {})
+            grammar = ChunkKeyGrammar("draft", grid.get("separator", "/"))
+            regular = grid.get("type", "regular") == "regular"
+            chunks, codec = grid.get("chunk_shape") if regular else None, None
         else:
             return None
         shape = tuple(int(s) for s in doc["shape"])

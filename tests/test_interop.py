@@ -316,6 +316,8 @@ def test_layout_switch_round_trip_leaves_shards_byte_identical(
     original = (tmp_path / "a" / "zarr.json").read_text()
     with pytest.raises(ValueError):
         zarr.open_array(LocalStore(tmp_path), path="a")  # plain zarr refuses the transformer layout
+    with pytest.raises(ValueError, match="storage transformers"):
+        _tensorstore(tmp_path)  # and so does tensorstore: loudly, never misreading shards as chunks
 
     assert switch_layout(store, "a", "codec")
     assert _shard_files(tmp_path) == shards
@@ -359,3 +361,42 @@ def test_layout_switch_updates_consolidated_metadata(tmp_path: Path) -> None:
     switch_layout(store, "g/a", "codec")
     plain = zarr.open_consolidated(LocalStore(tmp_path))
     np.testing.assert_array_equal(plain["g/a"][:], _expected())  # type: ignore[index]
+
+
+# -- the ZEP 2 draft as zarr-python 2.18 wrote it ------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "zarr218_draft_sharding"
+
+
+def test_reads_shards_written_by_zarr_218s_sharding_storage_transformer() -> None:
+    """``meta/root/g/arr.array.json`` with the draft's transformer entry, chunks under
+    ``data/root/g/arr/`` in the draft's ``c1/2`` encoding (see the fixture's script)."""
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+
+    expected = np.full((10, 8), -1, dtype="i4")  # the grid of 5 x 4 chunks of 2 x 2, padded
+    expected[0:6, 2:7] = np.arange(30, dtype="i4").reshape(6, 5)
+    store = ShardingStore(str(FIXTURE), read_only=True)
+    keys = [f"data/root/g/arr/c{i}/{j}" for i in range(5) for j in range(4)]
+
+    async def read() -> tuple[list[Any], list[str]]:
+        values = await store.get_partial_values(default_buffer_prototype(), [(k, None) for k in keys])
+        return values, sorted([k async for k in store.list_prefix("data/root/g/arr/")])
+
+    values, listed = asyncio.run(read())
+    present = [k for k, v in zip(keys, values, strict=True) if v is not None]
+    assert (
+        listed
+        == sorted(present)
+        == sorted(f"data/root/g/arr/c{i}/{j}" for i in range(3) for j in range(1, 4))
+    )
+    for key, value in zip(keys, values, strict=True):
+        if value is not None:
+            i, j = map(int, key.rsplit("/c", 1)[1].split("/"))
+            block = expected[2 * i : 2 * i + 2, 2 * j : 2 * j + 2]
+            np.testing.assert_array_equal(np.frombuffer(value.to_bytes(), "<i4").reshape(2, 2), block)
+    # the shard objects themselves stay hidden: shard (0, 1) holds chunk (1, 3) ...
+    assert asyncio.run(store.exists("data/root/g/arr/c1/3"))
+    # ... and a key the draft's encoding would never write is not a chunk
+    assert not asyncio.run(store.exists("data/root/g/arr/c/1/3"))
