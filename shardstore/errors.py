@@ -15,6 +15,7 @@ __all__ = [
     "ShardFormatError",
     "ShardStoreError",
     "ShardingConfigError",
+    "ShardingPassthroughWarning",
 ]
 
 
@@ -55,3 +56,8 @@ class BatchCommitError(ShardStoreError):
     def __init__(self, message: str, failed: dict[str, BaseException]) -> None:
         super().__init__(message)
         self.failed = failed
+
+
+class ShardingPassthroughWarning(UserWarning):
+    """An array the user asked to shard by path is passed through as it is: it uses
+    a sharding codec whose inner chunks shardstore cannot serve (the message says why)."""

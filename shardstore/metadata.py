@@ -378,6 +378,11 @@ class ShardingPolicy:
         if isinstance(cps, Sequence) and not isinstance(cps, str | bytes):
             object.__setattr__(self, "chunks_per_shard", tuple(cps))  # (4, 4) == [4, 4]
 
+    def names(self, path: str) -> bool:
+        """Whether the user asked for this array by path (a mapping entry)."""
+        cps = self.chunks_per_shard
+        return isinstance(cps, Mapping) and any(k.strip("/") == path for k in cps)
+
     def layout_for(self, path: str, doc: Document, ndim: int) -> ShardLayout | None:
         cps = self.chunks_per_shard
         if cps is None:

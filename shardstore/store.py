@@ -10,6 +10,7 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from types import TracebackType
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from shardstore.cache import IndexCache, ShardCache
 from shardstore.catalog import ArrayCatalog
 from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
-from shardstore.errors import ChunkKeyError, ShardingConfigError
+from shardstore.errors import ChunkKeyError, ShardingConfigError, ShardingPassthroughWarning
 from shardstore.format import ShardLayout
 from shardstore.inner import adapt, slice_range
 from shardstore.keys import check_key
@@ -394,7 +395,14 @@ class ShardingStore(Store):
         """A metadata document as zarr must see it: without our transformer entry."""
         path, name = _split_key(key)
         raw = await self._inner.get(key)
-        self._catalog.remember(path, name, raw)
+        info = self._catalog.remember(path, name, raw)
+        if info is not None and info.passthrough_reason is not None and self._policy.names(path):
+            warnings.warn(
+                f"array {path or '/'!r} is passed through, not served by shardstore: "
+                f"{info.passthrough_reason}",
+                ShardingPassthroughWarning,
+                stacklevel=2,
+            )
         if raw is None:
             return None
         doc = load_document(raw)

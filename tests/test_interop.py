@@ -17,7 +17,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, TransposeCodec, ZstdCodec
 from zarr.storage import LocalStore
 
-from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
+from shardstore import ShardFormatError, ShardingConfigError, ShardingPassthroughWarning, ShardingStore
 from shardstore.cli import main as cli
 from shardstore.format import ShardLayout, decode_index
 from shardstore.layouts import switch_layout
@@ -268,6 +268,9 @@ def test_arrays_that_cannot_be_served_pass_through_untouched(
     assert seen.metadata.chunk_grid.chunk_shape == SHARD  # type: ignore[union-attr]
     with pytest.raises(ShardingConfigError, match=reason):
         switch_layout(store, "a", "transformer")
+    asked = ShardingStore(str(tmp_path), {"a": [2, 2]})  # sharding asked for by path: say why not
+    with pytest.warns(ShardingPassthroughWarning, match=reason):
+        zarr.open_array(asked, path="a")
 
 
 # -- index options and checksums ---------------------------------------------------------------
