@@ -224,3 +224,34 @@ def test_a_corrupt_shard_raises_naming_it_and_others_still_read() -> None:
 def test_bad_read_options_are_config_errors(options: dict[str, Any]) -> None:
     with pytest.raises(ShardingConfigError, match=next(iter(options))):
         ShardingStore({}, **options)
+
+
+async def test_fsspec_batches_are_one_cat_ranges_call_with_per_read_outcomes() -> None:
+    import fsspec
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+    from shardstore.inner import FsspecInner
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    fs.pipe_file("/b/x", b"0123456789")
+    fs.pipe_file("/b/empty", b"")
+    calls: list[int] = []
+    cat_ranges = fs.cat_ranges
+
+    def counted(paths: list[str], *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(paths))
+        return cat_ranges(paths, *args, **kwargs)
+
+    fs.cat_ranges = counted  # type: ignore[method-assign]
+    inner = FsspecInner(fs, "/b")
+    values = await inner.get_many(
+        [
+            ("x", RangeByteRequest(2, 5)),
+            ("x", SuffixByteRequest(3)),
+            ("x", None),
+            ("missing", None),
+            ("empty", None),  # no byte 0: retried alone, read whole
+        ]
+    )
+    assert values == [b"234", b"789", b"0123456789", None, b""]
+    assert calls == [5]
