@@ -60,11 +60,6 @@ class LruCache(Generic[V]):
             if old is not None:
                 self.nbytes -= self._size(old)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.nbytes = 0
-
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -82,6 +82,8 @@ seconds of the last, fetches it whole (a slab reads a shard once or twice; a
 whole-array or random read pass comes back to it again and again)."""
 _TOUCHES = 4096
 """Shards whose recent reads are remembered for "repeat"."""
+_CHANGES = 65536
+"""Shards whose last change through this store is remembered (see ``forget``)."""
 
 
 class ShardReader:
@@ -115,11 +117,24 @@ class ShardReader:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._changed: OrderedDict[str, float] = OrderedDict()
 
     def forget(self, shard_key: str) -> None:
-        """The shard changed (a write through this store): what is cached of it goes."""
+        """The shard changed (a write through this store): what is cached of it goes,
+        and what a read sent before now brings back is not cached."""
+        with self._lock:
+            self._changed.pop(shard_key, None)
+            self._changed[shard_key] = time.monotonic()
+            if len(self._changed) > _CHANGES:
+                self._changed.popitem(last=False)
         self._indices.drop(shard_key)
         self._shards.drop(shard_key)
+
+    def _cacheable(self, shard_key: str, sent: float) -> bool:
+        """Whether a read sent at ``sent`` saw the shard as it is now, as far as this
+        store's own writes go (a write may have landed while it was under way)."""
+        changed = self._changed.get(shard_key)
+        return changed is None or changed < sent
 
     async def read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
         """Chunk bytes (ranges of them), each shard served from the shard cache, by
@@ -259,12 +274,13 @@ class ShardReader:
             if raw is None:
                 snapshot = ShardSnapshot(b"", empty_index(shard.layout), sent, version)
             else:
-                index = parse_shard(shard.layout, raw, shard.key)
-                snapshot = ShardSnapshot(raw, index, sent, version)
-                self._indices.put(shard.key, (index, version))
+                snapshot = ShardSnapshot(raw, parse_shard(shard.layout, raw, shard.key), sent, version)
         except ShardFormatError as exc:
             return None, exc
-        self._shards.put(shard.key, snapshot)
+        if self._cacheable(shard.key, sent):
+            self._shards.put(shard.key, snapshot)
+            if raw is not None:
+                self._indices.put(shard.key, (snapshot.index, version))
         return snapshot, None
 
     async def _read_ranges(
@@ -345,12 +361,13 @@ class ShardReader:
             else:
                 found[shard.key] = cached
         if missing:
+            sent = time.monotonic()
             raws = await self._inner.get_many_versioned(
                 [(s.key, index_request(s.layout)) for s in missing], [None] * len(missing)
             )
             for shard, (raw, version) in zip(missing, raws, strict=True):
                 index = None if raw is None else decode_index(shard.layout, raw, shard.key)
-                if index is not None:
+                if index is not None and self._cacheable(shard.key, sent):
                     self._indices.put(shard.key, (index, version))
                 found[shard.key] = (index, version)
         return found

@@ -255,3 +255,28 @@ async def test_fsspec_batches_are_one_cat_ranges_call_with_per_read_outcomes() -
     )
     assert values == [b"234", b"789", b"0123456789", None, b""]
     assert calls == [5]
+
+
+class ReadThenWaitMapping(MappingInner):
+    """Reads take the bytes at once and deliver them a while later (a slow network)."""
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        values = await super().get_many_versioned(requests, expected)
+        await asyncio.sleep(0.05)
+        return values
+
+
+async def test_a_read_under_way_during_an_own_write_is_not_cached() -> None:
+    """A whole-shard fetch sent before a write through the store returns the old shard;
+    it must not be cached, or a read after the write would see the old chunk."""
+    counted, _ = _written(ReadThenWaitMapping)
+    store = ShardingStore(counted, read_strategy="shard", index_cache="trust")
+    arr = await zarr.api.asynchronous.open_array(store=store, path="a", zarr_format=3)
+    reading = asyncio.ensure_future(arr.getitem((slice(0, 2), slice(0, 2))))
+    await asyncio.sleep(0.01)  # the fetch of shard (0, 0) is under way
+    await arr.setitem((slice(0, 2), slice(0, 2)), 555)
+    old = await reading
+    assert old.tolist() in (DATA[0:2, 0:2].tolist(), [[555, 555], [555, 555]])
+    np.testing.assert_array_equal(await arr.getitem((slice(0, 2), slice(0, 2))), 555)
