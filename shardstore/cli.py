@@ -11,14 +11,17 @@ import json
 import sys
 from typing import Any
 
-from shardstore.errors import ShardStoreError
+from shardstore.errors import ShardingConfigError, ShardStoreError
+
+
+def _options(text: str | None) -> dict[str, Any] | None:
+    return json.loads(text) if text else None
 
 
 def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
     from shardstore.store import ShardingStore
 
-    options = json.loads(args.storage_options) if args.storage_options else None
-    return ShardingStore(args.url, storage_options=options, **kwargs)
+    return ShardingStore(args.url, storage_options=_options(args.storage_options), **kwargs)
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -73,6 +76,37 @@ def _compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from shardstore.convert import convert
+    from shardstore.store import ShardingStore
+
+    if args.unshard == bool(args.chunks_per_shard):
+        raise ShardingConfigError("convert needs exactly one of --chunks-per-shard N,N,... and --unshard")
+    try:
+        cps = None if args.unshard else [int(n) for n in args.chunks_per_shard.split(",")]
+    except ValueError:
+        raise ShardingConfigError(
+            f"--chunks-per-shard {args.chunks_per_shard!r} is not a comma-separated list of integers"
+        ) from None
+    src = ShardingStore(args.src, storage_options=_options(args.storage_options), read_only=True)
+    dst = ShardingStore(
+        args.dst,
+        cps,
+        storage_options=_options(args.dst_storage_options),
+        layout=args.layout,
+        index_location=args.index_location,
+        index_checksum=args.index_checksum,
+    )
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rcopying chunks: {done:,}/{total:,}", end="", file=sys.stderr, flush=True)
+
+    report = convert(src, dst, progress=progress)
+    print(file=sys.stderr)
+    print(f"{report.arrays} array(s), {report.chunks:,} chunks, {report.bytes:,} chunk bytes copied")
+    return 0
+
+
 def _layout(args: argparse.Namespace) -> int:
     from shardstore.layouts import switch_layout
 
@@ -103,12 +137,29 @@ def main(argv: list[str] | None = None) -> int:
             cmd.add_argument("--decode", action="store_true", help="also decode every chunk through zarr")
         if name == "layout":
             cmd.add_argument("--to", required=True, choices=["transformer", "codec"])
+    conv = sub.add_parser("convert", help="copy a hierarchy, re-sharded or un-sharded, chunk bytes unchanged")
+    conv.add_argument("src", help="source store URL")
+    conv.add_argument("dst", help="destination store URL (must be empty)")
+    conv.add_argument("--chunks-per-shard", help="e.g. 8,8: shard every array of that rank")
+    conv.add_argument("--unshard", action="store_true", help="write plain chunks")
+    conv.add_argument("--layout", choices=["transformer", "codec"], default="transformer")
+    conv.add_argument("--index-location", choices=["end", "start"], default="end")
+    conv.add_argument("--index-checksum", action="store_true", help="crc32c over each shard index")
+    conv.add_argument("--storage-options", help="JSON object of the source's file-system options")
+    conv.add_argument("--dst-storage-options", help="JSON object of the destination's file-system options")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from shardstore.demo import run_demo
 
         return run_demo(args.dir)
-    handlers = {"ls": _ls, "info": _info, "verify": _verify, "compact": _compact, "layout": _layout}
+    handlers = {
+        "ls": _ls,
+        "info": _info,
+        "verify": _verify,
+        "compact": _compact,
+        "layout": _layout,
+        "convert": _convert,
+    }
     try:
         return handlers[args.command](args)
     except ShardStoreError as exc:

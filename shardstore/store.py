@@ -524,6 +524,22 @@ class ShardingStore(Store):
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
             return None if existing.layout is None else (existing.layout, existing.form)
+        return self._new_layout(path, name, written, doc)
+
+    def check_new_array(self, key: str, raw: bytes) -> None:
+        """Raise ShardingConfigError if writing this new array document would (a dry
+        run of the config checks of :meth:`set`, for tools writing many arrays)."""
+        path, name = _split_key(key)
+        doc = load_document(raw)
+        written = None if doc is None else array_info(path, name, doc)
+        if doc is None or written is None:
+            return
+        if written.layout is None and written.form == "transformer" and not written.codec_sharded:
+            self._new_layout(path, name, written, doc)
+
+    def _new_layout(
+        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
+    ) -> tuple[ShardLayout, Layout] | None:
         layout = self._policy.layout_for(path, doc, written.ndim)
         if layout is None:
             return None
