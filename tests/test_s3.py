@@ -110,3 +110,17 @@ def test_listing_and_erasing_on_s3(s3: LocalS3) -> None:
     assert keys == ["a/c/0/0", "a/c/3/3"]
     asyncio.run(store.delete_dir("a"))
     assert asyncio.run(listing()) == []
+
+
+def test_a_shard_url_over_s3(s3: LocalS3) -> None:
+    url = f"shard::{s3.url('proto.zarr')}"
+    options = {"s3": s3.storage_options, "shard": {"chunks_per_shard": [4, 4]}}
+    arr = zarr.create_array(
+        url, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4", storage_options=options
+    )
+    arr[:] = np.arange(128 * 128, dtype="f4").reshape(128, 128)
+    s3.reset()
+    back = zarr.open_array(url, path="a", mode="r", storage_options={"s3": s3.storage_options}, zarr_format=3)
+    np.testing.assert_array_equal(back[:], np.arange(128 * 128).reshape(128, 128))
+    assert s3.paths["GET /shardstore/proto.zarr/a/c/0/0"] == 1  # one shard object, read once
+    assert s3.counts["HEAD"] == 0 and s3.counts["GET"] <= 1 + 1
