@@ -99,10 +99,10 @@ class ShardReader:
         max_age: float | None = None,
     ) -> None:
         """``whole``: when to fetch a shard whole into the shard cache rather than
-        read ranges of it: on its first read (``"always"``), on a repeated read
-        (``"repeat"``), or only when one batch wants half of it (``"never"``,
-        nothing cached), in every case only for arrays whose uncompressed shard
-        is at most ``whole_limit`` bytes (None: any). ``validate``: check cached
+        read ranges of it: on its first read (``"always"``), when it is read again
+        and again (``"repeat"``, see REPEAT_READS) — both only for arrays whose
+        uncompressed shard is at most ``whole_limit`` bytes (None: any) — or
+        only when one batch wants half of it (``"never"``, nothing cached). ``validate``: check cached
         entries against the object's version where the store tells it cheaply;
         otherwise a cached shard is served for ``max_age`` seconds (None: until
         evicted)."""

@@ -127,12 +127,15 @@ class ShardingStore(Store):
     wants half of a shard's chunks fetches it whole); ``"shard"`` fetches every
     shard a read touches whole, into a shard cache of ``shard_cache_bytes``, so
     the rest of a slab or whole-array read costs no request; ``"auto"`` is
-    ``"shard"`` on remote stores for arrays whose uncompressed shard is at most
-    64 MiB, else ``"chunk"``. ``index_cache="auto"`` caches shard indices only
-    where a read checks them for free (local files) and serves a cached shard
-    for at most ``cache_max_age`` seconds after it was fetched; ``"trust"``
-    caches both until evicted (data that only this store changes); ``"off"``
-    caches nothing. Writes through this store always drop what it cached.
+    ``"shard"`` on remote stores (shards up to 64 MiB uncompressed), fetches a
+    local file's shard whole once it is read a third time within a second
+    (up to 16 MiB), and is ``"chunk"`` on in-memory stores.
+    ``index_cache="auto"`` caches what a read can check for free (local files:
+    indices by version in the same read, whole shards by a ``stat``) and
+    elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
+    after it was fetched; ``"trust"`` caches both until evicted (data that
+    only this store changes); ``"off"`` caches nothing. Writes through this
+    store always drop what it cached.
     """
 
     def __init__(
