@@ -300,3 +300,20 @@ def test_set_partial_values_splices_into_chunks_and_merges_per_shard() -> None:
 
     assert asyncio.run(go()) == [b"aXQd", b"abcZ!", b"abcd"]
     assert counted.counts.writes == 1  # both chunks are in shard 0: one commit
+
+
+def test_keys_named_like_temporary_files_are_still_listed(tmp_path: Path) -> None:
+    """Only our exact temporary names (``.<name>.<uuid>.partial``, ``.<name>.appending``)
+    are hidden from listings; zarr nodes may well be called ``.partial``."""
+    import asyncio
+
+    store = ShardingStore(str(tmp_path), (2,))
+    root = zarr.open_group(store, mode="w")
+    root.create_group(".partial")
+    root.create_array("x.partial", shape=(4,), chunks=(1,), dtype="u1")[:] = 1
+
+    async def listing(prefix: str) -> list[str]:
+        return sorted([k async for k in store.list_dir(prefix)])
+
+    assert asyncio.run(listing("")) == [".partial", "x.partial", "zarr.json"]
+    assert sorted(root.group_keys()) == [".partial"] and sorted(root.array_keys()) == ["x.partial"]

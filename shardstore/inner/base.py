@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 
@@ -17,8 +18,13 @@ UNCHANGED = b"<unchanged>"
 Change = Callable[[bytes | None], bytes | None]
 STALE = b"<stale>"
 """A versioned read of an object that has changed since (compared by identity)."""
-TEMP_SUFFIXES = (".partial", ".appending")
-"""Our own temporary files beside objects in a directory: never listed as keys."""
+_TEMPORARY = re.compile(r"\..+\.(?:[0-9a-f]{32}\.partial|appending)")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of our own temporary files beside objects in a
+    directory (``.<name>.<uuid>.partial``, ``.<name>.appending``): never a key."""
+    return _TEMPORARY.fullmatch(name) is not None
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import STALE, TEMP_SUFFIXES, UNCHANGED, AppendBuilder, Change, InnerStore, failure
+from shardstore.inner.base import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, failure, is_temporary
 
 
 class LocalInner(InnerStore):
@@ -166,7 +166,7 @@ class LocalInner(InnerStore):
         for dirpath, _dirs, files in os.walk(top):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in files:
-                if name.endswith(TEMP_SUFFIXES):
+                if is_temporary(name):
                     continue
                 key = name if rel == "." else f"{rel}/{name}"
                 if key.startswith(prefix):
@@ -225,13 +225,12 @@ class LocalInner(InnerStore):
         return sorted(
             e.name
             for e in entries
-            if not e.name.endswith(TEMP_SUFFIXES)
-            and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
+            if not is_temporary(e.name) and (e.is_file() or (e.is_dir() and self._holds_file(e.path)))
         )
 
     @staticmethod
     def _holds_file(directory: str) -> bool:
-        return any(files for _, _, files in os.walk(directory))
+        return any(not is_temporary(f) for _, _, files in os.walk(directory) for f in files)
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         with failure("list", prefix):
