@@ -149,7 +149,8 @@ class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
             keys = [k for k in keys if k.count("/") - depth < maxdepth]
         if not detail:
             return keys
-        return {k: {"name": k, "type": "file", "size": await self.store.getsize(k)} for k in keys}
+        sizes = await asyncio.gather(*(self.store.getsize(k) for k in keys))
+        return {k: {"name": k, "type": "file", "size": size} for k, size in zip(keys, sizes, strict=True)}
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
         """Directories exist when something is below them."""
