@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from shardstore.format import MISSING, ShardIndex
+from shardstore.format import ShardIndex, chunk_range
 
 __all__ = ["IndexCache", "LruCache", "ShardCache", "ShardSnapshot"]
 
@@ -88,8 +88,7 @@ class ShardSnapshot:
 
     def chunk(self, position: int) -> tuple[int, int] | None:
         """(offset, nbytes) of the chunk at ``position``, None where absent."""
-        offset, nbytes = (int(v) for v in self.index[position])
-        return None if offset == MISSING else (offset, nbytes)
+        return chunk_range(self.index, position)
 
 
 class ShardCache(LruCache[ShardSnapshot]):

@@ -27,6 +27,7 @@ __all__ = [
     "ShardIndex",
     "ShardLayout",
     "build_shard",
+    "chunk_range",
     "decode_index",
     "encode_index",
     "parse_shard",
@@ -128,6 +129,12 @@ def check_ranges(layout: ShardLayout, index: ShardIndex, shard_nbytes: int, key:
             f"{int(offsets[pos]) + int(nbytes[pos])}) outside the data area [{lo}, {hi}) "
             f"of a {shard_nbytes}-byte shard"
         )
+
+
+def chunk_range(index: ShardIndex, position: int) -> tuple[int, int] | None:
+    """``(offset, nbytes)`` of the chunk at ``position``, None where absent."""
+    offset, nbytes = (int(v) for v in index[position])
+    return None if offset == MISSING else (offset, nbytes)
 
 
 def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:

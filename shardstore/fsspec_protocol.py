@@ -111,8 +111,11 @@ class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         key = self._key(path)
-        if key and await self.store.exists(key):
-            return {"name": key, "size": await self.store.getsize(key), "type": "file"}
+        if key:
+            try:  # one lookup: the size of a key that exists
+                return {"name": key, "size": await self.store.getsize(key), "type": "file"}
+            except FileNotFoundError:
+                pass
         if not key or await self._keys_under(key):
             return {"name": key, "size": 0, "type": "directory"}
         raise FileNotFoundError(path)

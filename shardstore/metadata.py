@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from shardstore.codec_form import parse_codec_form, to_codec_form, to_plain_form
+from shardstore.codec_form import CodecForm, parse_codec_form, to_codec_form, to_plain_form
 from shardstore.errors import ShardingConfigError
 from shardstore.format import ShardLayout
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -213,6 +213,17 @@ def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
     return None
 
 
+def _codec_form(doc: Document) -> CodecForm | None:
+    """:func:`parse_codec_form`, counting an index too large to hold as a reason not
+    to serve the array (so that reading and presenting metadata agree)."""
+    form = parse_codec_form(doc)
+    if form is not None and form.layout is not None and form.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
+        return CodecForm(
+            unservable=f"{form.layout.n_chunks} inner chunks per shard, more than {MAX_CHUNKS_PER_SHARD}"
+        )
+    return form
+
+
 def draft_document_key(path: str) -> str | None:
     """Where the v3 draft keeps the metadata of the array whose chunks are under
     ``path`` (``data/root/g/a`` -> ``meta/root/g/a.array.json``); None if nowhere."""
@@ -236,7 +247,7 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
             chunks = (
                 grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
             )
-            codec = parse_codec_form(doc)
+            codec = _codec_form(doc)
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
             chunks, codec = doc.get("chunks"), None
@@ -263,10 +274,8 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
         return ArrayInfo(path, shape, chunks, grammar, layout, itemsize=itemsize)
     if codec is None:
         return ArrayInfo(path, shape, chunks, grammar, None, itemsize=itemsize)
-    reason = codec.unservable
-    if codec.layout is not None and codec.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
-        reason = f"{codec.layout.n_chunks} inner chunks per shard, more than {MAX_CHUNKS_PER_SHARD}"
-    if reason is not None or codec.inner_chunks is None:
+    if codec.unservable is not None or codec.inner_chunks is None:
+        reason = codec.unservable
         return ArrayInfo(path, shape, chunks, grammar, None, True, itemsize, passthrough_reason=reason)
     return ArrayInfo(path, shape, codec.inner_chunks, grammar, codec.layout, False, itemsize, "codec")
 
@@ -295,10 +304,8 @@ def present_document(path: str, name: str, doc: Document, passthrough: Callable[
 def _present_one(path: str, doc: Document, passthrough: Callable[[str], bool]) -> bool:
     if _strip_one(doc):
         return True
-    form = parse_codec_form(doc) if doc.get("node_type") == "array" else None
+    form = _codec_form(doc) if doc.get("node_type") == "array" else None
     if form is None or form.unservable is not None or passthrough(path):
-        return False
-    if form.layout is None or form.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
         return False
     plain = to_plain_form(doc, form)
     doc.clear()

@@ -25,7 +25,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.errors import ShardFormatError
-from shardstore.format import MISSING, ShardIndex, ShardLayout, decode_index, empty_index, parse_shard
+from shardstore.format import ShardIndex, ShardLayout, chunk_range, decode_index, empty_index, parse_shard
 from shardstore.inner import STALE, InnerStore
 
 __all__ = ["ShardReader"]
@@ -101,11 +101,12 @@ class ShardReader:
         """``whole``: when to fetch a shard whole into the shard cache rather than
         read ranges of it: on its first read (``"always"``), when it is read again
         and again (``"repeat"``, see REPEAT_READS) — both only for arrays whose
-        uncompressed shard is at most ``whole_limit`` bytes (None: any) — or
-        only when one batch wants half of it (``"never"``, nothing cached). ``validate``: check cached
-        entries against the object's version where the store tells it cheaply;
-        otherwise a cached shard is served for ``max_age`` seconds (None: until
-        evicted)."""
+        uncompressed shard is at most ``whole_limit`` bytes (None: any) — or only
+        when one batch wants half of it (``"never"``, nothing cached).
+
+        ``validate``: check cached entries against the object's version where the
+        store tells it cheaply; otherwise a cached shard is served for ``max_age``
+        seconds (None: until evicted)."""
         self._inner = inner
         self._indices = indices
         self._shards = shards
@@ -344,8 +345,8 @@ class ShardReader:
         out: list[tuple[int, int, Hashable | None] | None] = []
         for chunk in chunks:
             index, version = found[chunk.shard.key]
-            offset, nbytes = (MISSING, MISSING) if index is None else map(int, index[chunk.position])
-            out.append(None if offset == MISSING else (offset, nbytes, version))
+            where = None if index is None else chunk_range(index, chunk.position)
+            out.append(None if where is None else (*where, version))
         return out
 
     async def shard_indices(
