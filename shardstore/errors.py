@@ -10,8 +10,10 @@ from __future__ import annotations
 __all__ = [
     "BatchCommitError",
     "ChunkKeyError",
+    "ConcurrentWriterWarning",
     "InnerStoreError",
     "InvalidKeyError",
+    "ShardConflictError",
     "ShardFormatError",
     "ShardStoreError",
     "ShardingConfigError",
@@ -46,6 +48,11 @@ class InnerStoreError(ShardStoreError, OSError):
     """The wrapped store failed; the original exception is the ``__cause__``."""
 
 
+class ShardConflictError(ShardStoreError):
+    """Other writers changed a shard during every attempt to commit an update to it
+    (``write_retries`` conditional writes failed); the update was not applied."""
+
+
 class BatchCommitError(ShardStoreError):
     """Some shards buffered in a ``store.batch()`` could not be committed.
 
@@ -61,3 +68,9 @@ class BatchCommitError(ShardStoreError):
 class ShardingPassthroughWarning(UserWarning):
     """An array the user asked to shard by path is passed through as it is: it uses
     a sharding codec whose inner chunks shardstore cannot serve (the message says why)."""
+
+
+class ConcurrentWriterWarning(UserWarning):
+    """Another process wrote a shard between our read and our write on a store that
+    offers no conditional writes: the update is retried, but such stores are for
+    one writer per shard (the message names the shard)."""

@@ -21,6 +21,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, adapt
+from shardstore.inner.base import DEFAULT_ATTEMPTS
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
 
@@ -101,22 +102,25 @@ class CountingInner(InnerStore):
         self.counts.writes += 1
         self.counts.bytes_written += len(value)
 
-    async def update(self, key: str, change: Change) -> None:
+    async def update(
+        self, key: str, change: Change, *, read_old: bool = True, attempts: int = DEFAULT_ATTEMPTS
+    ) -> None:
         def counted(old: bytes | None) -> bytes | None:
-            self.counts.reads += 1
-            self.counts.read_batches += 1
-            self.counts.read_keys[key] += 1
-            self.counts.unranged_reads[key] += 1
-            self.counts.bytes_read += len(old or b"")
+            if read_old:
+                self.counts.reads += 1
+                self.counts.read_batches += 1
+                self.counts.read_keys[key] += 1
+                self.counts.unranged_reads[key] += 1
+                self.counts.bytes_read += len(old or b"")
             new = change(old)
-            if new is None and old is not None:
+            if new is None and (old is not None or not read_old):
                 self.counts.deletes += 1
             elif new is not None and new is not UNCHANGED:
                 self.counts.writes += 1
                 self.counts.bytes_written += len(new)
             return new
 
-        await self.inner.update(key, counted)
+        await self.inner.update(key, counted, read_old=read_old, attempts=attempts)
 
     @property
     def supports_append(self) -> bool:  # type: ignore[override]

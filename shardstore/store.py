@@ -27,6 +27,7 @@ from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardingConfigError, ShardingPassthroughWarning
 from shardstore.format import ShardLayout
 from shardstore.inner import adapt, slice_range
+from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import check_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
@@ -153,6 +154,7 @@ class ShardingStore(Store):
         index_cache_bytes: int = 64 * 2**20,
         shard_cache_bytes: int = 256 * 2**20,
         cache_max_age: float = 1.0,
+        write_attempts: int = DEFAULT_ATTEMPTS,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
@@ -171,6 +173,8 @@ class ShardingStore(Store):
         ):
             if not amount >= 0:
                 raise ShardingConfigError(f"{name}={amount!r} must be a number >= 0")
+        if not (isinstance(write_attempts, int) and write_attempts >= 1):
+            raise ShardingConfigError(f"write_attempts={write_attempts!r} must be an integer >= 1")
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
@@ -183,6 +187,7 @@ class ShardingStore(Store):
             "index_cache_bytes": index_cache_bytes,
             "shard_cache_bytes": shard_cache_bytes,
             "cache_max_age": cache_max_age,
+            "write_attempts": write_attempts,
         }
         self._catalog = ArrayCatalog(self._inner)
         # "auto": only where a read can check the cached index's version for free
@@ -208,7 +213,9 @@ class ShardingStore(Store):
             whole_limit=AUTO_WHOLE_SHARD_BYTES[self._inner.remote] if read_strategy == "auto" else None,
             max_age=None if index_cache == "trust" else cache_max_age,
         )
-        self._writer = ShardWriter(self._inner, write_strategy, on_commit=self._reader.forget)
+        self._writer = ShardWriter(
+            self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
+        )
         self._reads = ReadCoalescer(self._read_checked)
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
@@ -262,6 +269,19 @@ class ShardingStore(Store):
     @property
     def supports_listing(self) -> bool:
         return True
+
+    async def chunks_per_shard_for(
+        self, path: str, shape: tuple[int, ...], dtype: str = "float64"
+    ) -> tuple[int, ...] | None:
+        """Chunks per shard of the array at ``path``: as recorded if it exists, else as
+        this store's config would shard a new array of that shape (None: unsharded)."""
+        path = path.strip("/")
+        info = await self._catalog.lookup(path)
+        if info is not None:
+            return None if info.layout is None else info.layout.chunks_per_shard
+        doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
+        layout = self._policy.layout_for(path, doc, len(shape))
+        return None if layout is None else layout.chunks_per_shard
 
     def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> _BatchScope:
         """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).

@@ -31,6 +31,7 @@ from shardstore.commits import CommitQueue, Update, apply_updates, independent_o
 from shardstore.errors import BatchCommitError
 from shardstore.format import MISSING, build_shard, check_ranges, decode_index, encode_index, split_shard
 from shardstore.inner import InnerStore
+from shardstore.inner.base import DEFAULT_ATTEMPTS
 
 __all__ = ["DEFAULT_BATCH_BYTES", "ShardWriter", "WriteStrategy"]
 
@@ -57,9 +58,16 @@ def _describe(keys: list[str], limit: int = 5) -> str:
 
 
 class ShardWriter:
-    def __init__(self, inner: InnerStore, strategy: WriteStrategy, on_commit: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        inner: InnerStore,
+        strategy: WriteStrategy,
+        on_commit: Callable[[str], None],
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
         self._inner = inner
         self.strategy = strategy
+        self._attempts = attempts  # conditional writes of one commit before ShardConflictError
         self._on_commit = on_commit  # told of every shard key committed to (or attempted)
         self._queue: CommitQueue[_Job] = CommitQueue(
             self._commit, lambda job, updates: covers_shard(job.shard, updates), _zarr_slots
@@ -199,11 +207,11 @@ class ShardWriter:
                     chunks[pos] = value
             return build_shard(shard.layout, chunks) if chunks else None
 
-        if covers_shard(shard, updates):  # every chunk is new: no need to read the old shard
-            new = change(None)
-            await (self._inner.delete(shard.key) if new is None else self._inner.set(shard.key, new))
-        else:
-            await self._inner.update(shard.key, change)
+        # Every chunk new: no need to read the old shard. Either way the inner store
+        # orders this against other writers of the shard (locks, conditional writes).
+        await self._inner.update(
+            shard.key, change, read_old=not covers_shard(shard, updates), attempts=self._attempts
+        )
 
     async def _append(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
@@ -237,6 +245,6 @@ class ShardWriter:
 
         if not await self._inner.append(shard.key, build):
             return False
-        if emptied:
-            await self._inner.delete(shard.key)
+        if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
+            await self._rewrite(shard, updates)
         return True

@@ -3,8 +3,9 @@
 shardstore needs only whole and ranged reads (singly and batched), writes,
 read-modify-writes, appends, deletes, sizes and listings. Each adapter maps
 those onto its storage's own primitives: a zarr ``Store``, an fsspec file
-system (its async API where it has one, threads otherwise), local files
-(replaced atomically), or a plain mapping. Failures other than "not found"
+system (its async API where it has one, threads otherwise; S3 with
+conditional writes), local files (replaced atomically, under per-shard file
+locks), or a plain mapping. Failures other than "not found"
 become :class:`~shardstore.errors.InnerStoreError` naming the key.
 """
 
@@ -23,6 +24,7 @@ from zarr.storage import FsspecStore, LocalStore
 from shardstore.inner.base import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, slice_range
 from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.local import LocalInner
+from shardstore.inner.s3 import S3Inner, is_s3
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "InnerStore",
     "LocalInner",
     "MappingInner",
+    "S3Inner",
     "ZarrInner",
     "adapt",
     "slice_range",
@@ -67,4 +70,6 @@ def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerSto
 def _from_fs(fs: fsspec.AbstractFileSystem, root: str) -> InnerStore:
     if isinstance(fs, LocalFileSystem):
         return LocalInner(root)
+    if is_s3(fs):
+        return S3Inner(fs, root)
     return FsspecInner(fs, root)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.errors import InnerStoreError
+from shardstore.errors import InnerStoreError, ShardConflictError
+from shardstore.inner.locks import process_lock
 
 AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
 UNCHANGED = b"<unchanged>"
@@ -18,12 +20,17 @@ UNCHANGED = b"<unchanged>"
 Change = Callable[[bytes | None], bytes | None]
 STALE = b"<stale>"
 """A versioned read of an object that has changed since (compared by identity)."""
-_TEMPORARY = re.compile(r"\..+\.(?:[0-9a-f]{32}\.partial|appending)")
+DEFAULT_ATTEMPTS = 10
+"""Conditional writes one update tries before giving up (``write_attempts``)."""
+ANY_VERSION = "<any>"
+"""A version that ``write_if`` does not check: the write replaces whatever is there."""
+_TEMPORARY = re.compile(r"\..+\.(?:[0-9a-f]{32}\.partial|appending|lock)")
 
 
 def is_temporary(name: str) -> bool:
     """Whether a file name is one of our own temporary files beside objects in a
-    directory (``.<name>.<uuid>.partial``, ``.<name>.appending``): never a key."""
+    directory (``.<name>.<uuid>.partial``, ``.<name>.appending``, ``.<name>.lock``):
+    never a key."""
     return _TEMPORARY.fullmatch(name) is not None
 
 
@@ -86,16 +93,55 @@ class InnerStore(ABC):
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
 
-    async def update(self, key: str, change: Change) -> None:
-        """Read-modify-write one object: ``change(old)`` returns the new bytes, None to
-        delete, or ``UNCHANGED``. Adapters that can do it in one step override this."""
-        old = await self.get(key)
-        new = change(old)
-        if new is None:
-            if old is not None:
-                await self.delete(key)
-        elif new is not UNCHANGED:
-            await self.set(key, new)
+    async def update(
+        self, key: str, change: Change, *, read_old: bool = True, attempts: int = DEFAULT_ATTEMPTS
+    ) -> None:
+        """Read-modify-write one object, never losing another writer's update.
+
+        ``change(old)`` returns the new bytes, None to delete, or ``UNCHANGED``;
+        it may be called again with newer bytes, so it must be pure. Without
+        ``read_old`` it gets None and its result replaces the object whatever
+        it holds. Writers in this process take turns on the object; another
+        process's write between our read and our write is a conflict: the
+        object is re-read and ``change`` re-applied, up to ``attempts`` times
+        with jittered backoff, then :class:`ShardConflictError`. Stores that
+        cannot see such a write (no conditional write) are for one writing
+        process per object."""
+        async with process_lock(self.lock_scope, key):
+            for attempt in range(attempts):
+                old, version = await self.read_for_update(key) if read_old else (None, ANY_VERSION)
+                new = change(old)
+                if new is UNCHANGED or (new is None and old is None and read_old):
+                    return
+                if await self.write_if(key, new, version):
+                    return
+                await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+        raise ShardConflictError(
+            f"{key!r} was changed by other writers during each of {attempts} attempts to update it; "
+            "this update was not applied and the object holds the other writers' data"
+        )
+
+    @property
+    def lock_scope(self) -> Hashable:
+        """Names the storage location, so store instances over it share locks."""
+        return repr(self)
+
+    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
+        """The object's bytes and a version that :meth:`write_if` can check."""
+        return await self.get(key), ANY_VERSION
+
+    async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
+        """Write (None: delete) unless the object is no longer at ``version`` (then
+        False, nothing written). Without conditional writes: write, True."""
+        if value is None:
+            await self.delete(key)
+        else:
+            await self.set(key, value)
+        return True
+
+    conditional_writes = False
+    """Whether :meth:`write_if` checks the version: several processes may then write
+    one object (S3 ``If-Match``); otherwise only this process's writers take turns."""
 
     remote = False
     """Whether each request costs a network round trip (object stores, HTTP): then

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 import fsspec
@@ -14,7 +15,13 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import InnerStore, failure, slice_range
+from shardstore.errors import ConcurrentWriterWarning
+from shardstore.inner.base import ANY_VERSION, InnerStore, failure, slice_range
+
+
+_HOME = "_shardstore_home_loop"
+"""Attribute of an async file system instance: the event loop its sessions belong to."""
+_HOME_LOCK = threading.Lock()
 
 
 class FsspecInner(InnerStore):
@@ -25,8 +32,6 @@ class FsspecInner(InnerStore):
         self.fs = fs
         self.root = root.rstrip("/")
         self._async_fs = _asynchronous_copy(fs)
-        self._home_loop: asyncio.AbstractEventLoop | None = None
-        self._loop_lock = threading.Lock()
         self._inline = isinstance(fs, MemoryFileSystem)
         self.remote = not self._inline and not isinstance(fs, LocalFileSystem)
 
@@ -48,22 +53,28 @@ class FsspecInner(InnerStore):
         return await asyncio.to_thread(method, *args, **kwargs)
 
     async def _call_async(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._on_home_loop(lambda fs: getattr(fs, "_" + name)(*args, **kwargs))
+
+    async def _on_home_loop(self, call: Callable[[fsspec.AbstractFileSystem], Awaitable[Any]]) -> Any:
         """An async file system's sessions belong to the event loop that first used
         them: run there, hopping over from any other loop (zarr's own loop and a
-        user's ``asyncio.run`` may both use one store). If that loop has ended,
-        start afresh on this one."""
+        user's ``asyncio.run`` may both use one store, and fsspec hands every store
+        over the same location one cached instance). If that loop has ended, start
+        afresh on this one with an instance of our own."""
         current = asyncio.get_running_loop()
-        with self._loop_lock:
-            home = self._home_loop
+        with _HOME_LOCK:
+            fs = self._async_fs
+            home: asyncio.AbstractEventLoop | None = getattr(fs, _HOME, None)
             if home is None or home.is_closed() or not home.is_running():
                 if home is not None:
-                    self._async_fs = _asynchronous_copy(self.fs, fresh=True)
-                self._home_loop = home = current
-            fs = self._async_fs
-        call = getattr(fs, "_" + name)(*args, **kwargs)
+                    fs = self._async_fs = _asynchronous_copy(self.fs, fresh=True)
+                home = current
+                setattr(fs, _HOME, home)
+        assert fs is not None
+        coro = call(fs)
         if home is current:
-            return await call
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, home))
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))  # type: ignore[arg-type]
 
     @staticmethod
     def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
@@ -137,6 +148,28 @@ class FsspecInner(InnerStore):
                 # stores never get here, so they pay no extra request per write.
                 await self._call("makedirs", path.rpartition("/")[0], exist_ok=True)
                 await self._call("pipe_file", path, value)
+
+    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
+        value = await self.get(key)
+        if not self.remote:  # memory: only this process writes it, and it takes turns
+            return value, ANY_VERSION
+        return value, None if value is None else len(value)
+
+    async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
+        """No conditional write here: a remote object whose size changed since we read
+        it was written by another process; re-read rather than overwrite it, and say
+        that this store is for one writer per shard (a change that keeps the size,
+        or lands after this check, cannot be seen)."""
+        if version is not ANY_VERSION and await self.getsize(key) != version:
+            warnings.warn(
+                f"shardstore: {key!r} changed between our read and our write: another process "
+                f"writes it. {self.fs.protocol} offers no conditional writes here, so keep one writer "
+                "per shard (align the writers' regions to shards); retrying this update",
+                ConcurrentWriterWarning,
+                stacklevel=2,
+            )
+            return False
+        return await super().write_if(key, value, version)
 
     async def delete(self, key: str) -> None:
         with failure("delete", key), contextlib.suppress(FileNotFoundError):

@@ -1,4 +1,4 @@
-"""Local directories: atomic replacement, appends under a lock, a crash journal."""
+"""Local directories: atomic replacement, per-shard file locks, appends with a crash journal."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ from pathlib import Path
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, failure, is_temporary
+from shardstore.inner.base import (
+    DEFAULT_ATTEMPTS,
+    STALE,
+    UNCHANGED,
+    AppendBuilder,
+    Change,
+    InnerStore,
+    failure,
+    is_temporary,
+)
+from shardstore.inner.locks import file_lock
 
 
 class LocalInner(InnerStore):
@@ -126,24 +136,33 @@ class LocalInner(InnerStore):
         with failure("delete", key):
             await asyncio.to_thread(self._unlink, self._path(key))
 
-    async def update(self, key: str, change: Change) -> None:
-        # Read, change and replace in one worker-thread hop rather than two.
+    async def update(
+        self, key: str, change: Change, *, read_old: bool = True, attempts: int = DEFAULT_ATTEMPTS
+    ) -> None:
+        # Under the shard's file lock, which every writer in every process takes: no
+        # conflict to retry. Read, change and replace in one worker-thread hop.
         with failure("update", key):
-            await asyncio.to_thread(self._update, self._path(key), change)
+            await asyncio.to_thread(self._update, self._path(key), change, read_old)
 
-    def _update(self, path: Path, change: Change) -> None:
-        old = self._read(path, None)
-        new = change(old)
+    def _update(self, path: Path, change: Change, read_old: bool) -> None:
+        with file_lock(path):
+            old = self._read(path, None) if read_old else None
+            new = change(old)
+            if new is None:
+                if old is not None or not read_old:
+                    path.unlink(missing_ok=True)
+            elif new is not UNCHANGED:
+                self._write(path, new)
         if new is None:
-            if old is not None:
-                self._unlink(path)
-        elif new is not UNCHANGED:
-            self._write(path, new)
+            self._prune(path.parent)
 
     def _unlink(self, path: Path) -> None:
         """Delete a file and the directories it leaves empty, as an object store would."""
         path.unlink(missing_ok=True)
-        for parent in path.parents:
+        self._prune(path.parent)
+
+    def _prune(self, directory: Path) -> None:
+        for parent in [directory, *directory.parents]:
             if parent == self.root or self.root not in parent.parents:
                 break
             try:
@@ -190,30 +209,34 @@ class LocalInner(InnerStore):
         return path.with_name(f".{path.name}.appending")
 
     def _append(self, path: Path, build: AppendBuilder) -> bool:
-        """Append under an exclusive lock. A journal holding the old size exists while
-        bytes are being appended; if a crash leaves it behind, the next append cuts the
-        object back to that size, so the old index is the last bytes again."""
-        try:
-            f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)
-        except (FileNotFoundError, IsADirectoryError):
-            return False
-        with f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            fd = f.fileno()
-            journal = self._journal(path)
-            if journal.exists():
-                os.ftruncate(fd, int(journal.read_text() or os.fstat(fd).st_size))
-                journal.unlink()
-            size = os.fstat(fd).st_size
-            payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
-            if payload:
-                journal.write_text(str(size))
-                try:
-                    os.pwrite(fd, payload, size)
-                except BaseException:
-                    os.ftruncate(fd, size)
-                    raise
-                journal.unlink()
+        """Append under the shard's file lock (writers take turns with rewrites too) and
+        an exclusive ``flock`` on the shard itself (index readers take a shared one, so
+        they see the whole old tail or the whole new one). A journal holding the old
+        size exists while bytes are being appended; if a crash leaves it behind, the
+        next append cuts the object back to that size, so the old index is the last
+        bytes again."""
+        with file_lock(path):
+            try:
+                f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)
+            except (FileNotFoundError, IsADirectoryError):
+                return False
+            with f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                fd = f.fileno()
+                journal = self._journal(path)
+                if journal.exists():
+                    os.ftruncate(fd, int(journal.read_text() or os.fstat(fd).st_size))
+                    journal.unlink()
+                size = os.fstat(fd).st_size
+                payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
+                if payload:
+                    journal.write_text(str(size))
+                    try:
+                        os.pwrite(fd, payload, size)
+                    except BaseException:
+                        os.ftruncate(fd, size)
+                        raise
+                    journal.unlink()
         return True
 
     def _children(self, prefix: str) -> list[str]:
