@@ -18,7 +18,6 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from shardstore.errors import ConcurrentWriterWarning
 from shardstore.inner.base import ANY_VERSION, InnerStore, failure, slice_range
 
-
 _HOME = "_shardstore_home_loop"
 """Attribute of an async file system instance: the event loop its sessions belong to."""
 _HOME_LOCK = threading.Lock()
