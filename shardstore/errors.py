@@ -50,7 +50,7 @@ class InnerStoreError(ShardStoreError, OSError):
 
 class ShardConflictError(ShardStoreError):
     """Other writers changed a shard during every attempt to commit an update to it
-    (``write_retries`` conditional writes failed); the update was not applied."""
+    (``write_attempts`` conditional writes failed); the update was not applied."""
 
 
 class BatchCommitError(ShardStoreError):

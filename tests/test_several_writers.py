@@ -297,3 +297,31 @@ def test_write_attempts_is_checked() -> None:
 
     with pytest.raises(ShardingConfigError, match="write_attempts"):
         ShardingStore({}, write_attempts=0)
+
+
+def test_a_rewrite_honours_and_ends_a_crashed_appends_journal(tmp_path: Path) -> None:
+    """A kill inside an append leaves a journal and a torn tail; the next rewrite of the
+    shard (under the same lock) starts from the last committed state and ends the journal."""
+    url = f"file://{tmp_path}/j.zarr"
+    _create(url)
+    arr = zarr.open_array(ShardingStore(url, write_strategy="append"), path="a")
+    arr[:] = 1
+    arr[0:CHUNK, 0:CHUNK] = 2  # an append
+    shard = tmp_path / "j.zarr" / "a" / "c" / "0" / "0"
+    committed = shard.stat().st_size
+    journal = shard.with_name(".0.appending")
+    journal.write_text(str(committed))
+    with open(shard, "ab") as f:
+        f.write(b"half an append")  # torn tail
+    rewriter = zarr.open_array(ShardingStore(url), path="a")
+    rewriter[CHUNK : 2 * CHUNK, 0:CHUNK] = 3
+    assert not journal.exists()
+    arr[0:CHUNK, CHUNK : 2 * CHUNK] = 4  # a later append must not cut the new file back
+    back = zarr.open_array(ShardingStore(url), path="a")[: 4 * CHUNK, : 4 * CHUNK]
+    expected = np.ones((4 * CHUNK, 4 * CHUNK), "i4")
+    expected[:CHUNK, :CHUNK], expected[CHUNK : 2 * CHUNK, :CHUNK], expected[:CHUNK, CHUNK : 2 * CHUNK] = (
+        2,
+        3,
+        4,
+    )
+    np.testing.assert_array_equal(back, expected)

@@ -146,13 +146,21 @@ class LocalInner(InnerStore):
 
     def _update(self, path: Path, change: Change, read_old: bool) -> None:
         with file_lock(path):
+            # An append journal seen under the lock is a crashed append's: the shard's
+            # committed state ends at the size it holds. Replacing the shard ends it.
+            journal = self._journal(path)
+            pending = journal.read_text() if journal.exists() else None
             old = self._read(path, None) if read_old else None
+            if old is not None and pending:
+                old = old[: int(pending)]
             new = change(old)
             if new is None:
                 if old is not None or not read_old:
                     path.unlink(missing_ok=True)
             elif new is not UNCHANGED:
                 self._write(path, new)
+            if pending is not None and new is not UNCHANGED:
+                journal.unlink()
         if new is None:
             self._prune(path.parent)
 
