@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +43,14 @@ def make_store(inner: Any) -> Callable[..., ShardingStore]:
         return ShardingStore(inner, chunks_per_shard, **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """A local S3 API (moto_server behind a counting proxy on 127.0.0.1), per test module."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    from shardstore.testing.s3 import local_s3
+
+    with local_s3() as server:
+        yield server

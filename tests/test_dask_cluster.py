@@ -36,16 +36,6 @@ def client() -> Iterator[Any]:
         yield c
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    from shardstore.testing.s3 import local_s3
-
-    with local_s3() as server:
-        yield server
-
-
 def _two_d(path: str, metadata: dict[str, Any]) -> list[int] | None:
     return [8, 8] if len(metadata["shape"]) == 2 else None
 

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,19 @@ def _mine(w: int) -> list[tuple[int, int]]:
 
 def _value(r: int, c: int, final: bool) -> int:
     return (r * GRID + c + 1) * (1 if final else -1)
+
+
+def _all_final() -> np.ndarray[Any, Any]:
+    """The whole array once every chunk holds its last value."""
+    return np.kron(np.arange(1, GRID * GRID + 1).reshape(GRID, GRID), np.ones((CHUNK, CHUNK), "i4"))
+
+
+def _in_threads(work: Callable[[int], None], n: int) -> None:
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _create(url: str, storage_options: dict[str, Any] | None = None) -> None:
@@ -98,16 +111,8 @@ def test_store_instances_in_threads_lose_nothing(tmp_path: Path) -> None:
         for r, c in _mine(w % WRITERS):
             arr[r * CHUNK : (r + 1) * CHUNK, c * CHUNK : (c + 1) * CHUNK] = _value(r, c, True)
 
-    threads = [
-        threading.Thread(target=write, args=(w, ("rewrite", "append")[w // WRITERS])) for w in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    got = zarr.open_array(ShardingStore(url), path="a")[:]
-    expected = np.kron(np.arange(1, GRID * GRID + 1).reshape(GRID, GRID), np.ones((CHUNK, CHUNK), "i4"))
-    np.testing.assert_array_equal(got, expected)
+    _in_threads(lambda w: write(w, ("rewrite", "append")[w // WRITERS]), 2 * WRITERS)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(url), path="a")[:], _all_final())
 
 
 @pytest.mark.parametrize("kind", ["dict", "zarr-memory", "fsspec-memory"])
@@ -128,14 +133,8 @@ def test_store_instances_over_one_in_memory_store_take_turns(kind: str, tmp_path
         for r, c in _mine(w):
             arrays[w][r * CHUNK : (r + 1) * CHUNK, c * CHUNK : (c + 1) * CHUNK] = _value(r, c, True)
 
-    threads = [threading.Thread(target=write, args=(w,)) for w in range(WRITERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    got = zarr.open_array(ShardingStore(inner), path="a")[:]
-    expected = np.kron(np.arange(1, GRID * GRID + 1).reshape(GRID, GRID), np.ones((CHUNK, CHUNK), "i4"))
-    np.testing.assert_array_equal(got, expected)
+    _in_threads(write, WRITERS)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(inner), path="a")[:], _all_final())
 
 
 def _hold_lock(path: str, held: Any) -> None:
@@ -200,16 +199,6 @@ def test_a_writer_waits_for_the_lock_holder(tmp_path: Path) -> None:
 
 
 # -- S3: conditional writes -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[Any]:
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    from shardstore.testing.s3 import local_s3
-
-    with local_s3() as server:
-        yield server
 
 
 @pytest.mark.parametrize("mode", ["rewrite", "batch"])
