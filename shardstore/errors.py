@@ -50,7 +50,8 @@ class InnerStoreError(ShardStoreError, OSError):
 
 class ShardConflictError(ShardStoreError):
     """Other writers changed a shard during every attempt to commit an update to it
-    (``write_attempts`` conditional writes failed); the update was not applied."""
+    (``write_attempts`` conditional writes failed; the update was not applied), or
+    to read chunks of it by ranges located through its index."""
 
 
 class BatchCommitError(ShardStoreError):

@@ -30,6 +30,7 @@ __all__ = [
     "chunk_range",
     "decode_index",
     "encode_index",
+    "index_problem",
     "parse_shard",
     "split_shard",
 ]
@@ -102,14 +103,46 @@ def decode_index(layout: ShardLayout, raw: bytes | memoryview, key: str) -> Shar
                 f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
             )
     index = np.frombuffer(entries, dtype=_U64).reshape(layout.n_chunks, 2).astype(np.uint64)
-    half_empty = (index[:, 0] == MISSING) != (index[:, 1] == MISSING)
+    problem = index_problem(index)
+    if problem is not None:
+        raise ShardFormatError(f"shard {key!r}: {problem}")
+    return index
+
+
+_MAX_OFFSET = np.uint64(2**53)
+"""No real shard reaches 8 PiB (S3 objects stop at 5 TiB): an entry beyond is damage,
+refused before any range is requested or any sum can overflow."""
+
+
+def index_problem(index: ShardIndex) -> str | None:
+    """What makes an index inconsistent in itself, whatever the shard's size: an entry
+    with one field marked empty, an absurdly large range, or ranges of two chunks
+    that overlap (each chunk has bytes of its own). None: consistent."""
+    offsets, nbytes = index[:, 0], index[:, 1]
+    present = offsets != MISSING
+    half_empty = present != (nbytes != MISSING)
     if half_empty.any():
         pos = int(np.flatnonzero(half_empty)[0])
-        raise ShardFormatError(
-            f"shard {key!r}: index entry {pos} has only one of offset/nbytes marked empty "
-            f"({int(index[pos, 0])}, {int(index[pos, 1])})"
+        return (
+            f"index entry {pos} has only one of offset/nbytes marked empty "
+            f"({int(offsets[pos])}, {int(nbytes[pos])})"
         )
-    return index
+    huge = present & ((offsets >= _MAX_OFFSET) | (nbytes >= _MAX_OFFSET))
+    if huge.any():
+        pos = int(np.flatnonzero(huge)[0])
+        return f"chunk {pos} has an impossible range (offset {int(offsets[pos])}, nbytes {int(nbytes[pos])})"
+    where = np.flatnonzero(present)
+    if len(where) > 1:
+        order = where[np.lexsort((nbytes[where], offsets[where]))]
+        ends = offsets[order] + nbytes[order]
+        overlap = np.flatnonzero(offsets[order][1:] < ends[:-1])
+        if len(overlap):
+            a, b = int(order[overlap[0]]), int(order[overlap[0] + 1])
+            return (
+                f"chunks {a} and {b} overlap (bytes [{int(offsets[a])}, {int(offsets[a] + nbytes[a])}) and "
+                f"[{int(offsets[b])}, {int(offsets[b] + nbytes[b])}))"
+            )
+    return None
 
 
 def check_ranges(layout: ShardLayout, index: ShardIndex, shard_nbytes: int, key: str) -> None:

@@ -90,6 +90,9 @@ class CountingInner(InnerStore):
     def version(self, key: str) -> Hashable | None:
         return self.inner.version(key)
 
+    def object_size(self, version: Hashable | None) -> int | None:
+        return self.inner.object_size(version)
+
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:

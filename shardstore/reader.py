@@ -24,9 +24,18 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.cache import IndexCache, ShardCache, ShardSnapshot
-from shardstore.errors import ShardFormatError
-from shardstore.format import ShardIndex, ShardLayout, chunk_range, decode_index, empty_index, parse_shard
+from shardstore.errors import ShardConflictError, ShardFormatError
+from shardstore.format import (
+    ShardIndex,
+    ShardLayout,
+    check_ranges,
+    chunk_range,
+    decode_index,
+    empty_index,
+    parse_shard,
+)
 from shardstore.inner import STALE, InnerStore
+from shardstore.inner.base import NOT_MODIFIED
 
 __all__ = ["ShardReader"]
 
@@ -80,6 +89,9 @@ REPEAT_WINDOW = 1.0
 """``"repeat"``: the REPEAT_READS-th batch to read a shard, each within this many
 seconds of the last, fetches it whole (a slab reads a shard once or twice; a
 whole-array or random read pass comes back to it again and again)."""
+STALE_READS = 8
+"""Range reads whose shard changed since its index was read are retried (with a fresh
+index) this many times, then fail: never reported absent."""
 _TOUCHES = 4096
 """Shards whose recent reads are remembered for "repeat"."""
 _CHANGES = 65536
@@ -97,6 +109,7 @@ class ShardReader:
         whole: WholeShards,
         whole_limit: int | None = None,
         max_age: float | None = None,
+        revalidate: bool = False,
     ) -> None:
         """``whole``: when to fetch a shard whole into the shard cache rather than
         read ranges of it: on its first read (``"always"``), when it is read again
@@ -106,7 +119,8 @@ class ShardReader:
 
         ``validate``: check cached entries against the object's version where the
         store tells it cheaply; otherwise a cached shard is served for ``max_age``
-        seconds (None: until evicted)."""
+        seconds (None: until evicted); with ``revalidate``, a cached shard past that
+        age is kept, and asked for again only if it changed (a conditional read)."""
         self._inner = inner
         self._indices = indices
         self._shards = shards
@@ -115,6 +129,7 @@ class ShardReader:
         self._whole = whole
         self._whole_limit = whole_limit
         self._max_age = max_age
+        self._revalidate = revalidate
         self._lock = threading.Lock()
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -146,24 +161,27 @@ class ShardReader:
         for i, (chunk, _) in enumerate(chunks):
             by_shard.setdefault(chunk.shard.key, []).append(i)
         whole: list[tuple[ShardAddress, list[int]]] = []
+        recheck: list[tuple[ShardAddress, list[int], ShardSnapshot]] = []
         ranged: list[int] = []
         for key, members in by_shard.items():
             shard = chunks[members[0]][0].shard
             snapshot = self._cached(key)
             if snapshot is not None:
                 self._serve(snapshot, members, chunks, results)
+            elif (
+                self._revalidate and (kept := self._shards.get(key)) is not None and kept.version is not None
+            ):
+                recheck.append((shard, members, kept))
             elif self._wants_whole(shard, {chunks[i][0].position for i in members}):
                 whole.append((shard, members))
             else:
                 ranged.extend(members)
-        if whole and ranged:
-            await asyncio.gather(
-                self._read_whole(whole, chunks, results), self._read_ranges(ranged, chunks, results)
-            )
-        elif whole:
-            await self._read_whole(whole, chunks, results)
-        elif ranged:
-            await self._read_ranges(ranged, chunks, results)
+        rounds = [
+            self._read_whole(whole, chunks, results) if whole else None,
+            self._revalidated(recheck, chunks, results) if recheck else None,
+            self._read_ranges(ranged, chunks, results) if ranged else None,
+        ]
+        await asyncio.gather(*(r for r in rounds if r is not None))
         return results
 
     def _cached(self, key: str) -> ShardSnapshot | None:
@@ -175,7 +193,8 @@ class ShardReader:
         else:
             usable = self._max_age is None or time.monotonic() - snapshot.fetched_at <= self._max_age
         if not usable:
-            self._shards.drop(key)
+            if not self._revalidate:
+                self._shards.drop(key)
             return None
         return snapshot
 
@@ -224,6 +243,28 @@ class ShardReader:
             if error is not None:
                 raise error
             assert snapshot is not None
+            self._serve(snapshot, members, chunks, results)
+
+    async def _revalidated(
+        self,
+        shards: list[tuple[ShardAddress, list[int], ShardSnapshot]],
+        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        results: list[bytes | None],
+    ) -> None:
+        """Cached shards asked for again in one batch, each only if it changed."""
+        sent = time.monotonic()
+        raws = await self._inner.get_many_if_modified(
+            [(shard.key, kept.version) for shard, _, kept in shards]
+        )
+        for (shard, members, kept), (raw, version) in zip(shards, raws, strict=True):
+            if raw is NOT_MODIFIED:
+                snapshot = kept
+            else:
+                fresh, error = self._snapshot(shard, raw, version, sent)
+                if error is not None:
+                    raise error
+                assert fresh is not None
+                snapshot = fresh
             self._serve(snapshot, members, chunks, results)
 
     async def fetch_shards(self, shards: list[ShardAddress]) -> list[_Fetched]:
@@ -293,8 +334,8 @@ class ShardReader:
         """Range reads located by indices (cached or read in one batch), nearby ranges
         of a shard merged. Where a cached index turns out stale (the read checks the
         shard's version for free), those chunks are read again afresh."""
-        for fresh in (False, True):
-            entries = await self.index_entries([chunks[i][0] for i in todo], fresh=fresh)
+        for attempt in range(STALE_READS):
+            entries = await self.index_entries([chunks[i][0] for i in todo], fresh=attempt > 0)
             wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard key -> (slot, start, stop)
             versions: dict[str, Hashable | None] = {}
             for i, entry in zip(todo, entries, strict=True):
@@ -306,7 +347,7 @@ class ShardReader:
                     results[i] = b""
                     continue
                 wanted.setdefault(chunks[i][0].shard.key, []).append((i, start, stop))
-                versions[chunks[i][0].shard.key] = version if self._validate else None
+                versions[chunks[i][0].shard.key] = version  # checked for free where the store can
             spans = [
                 (key, span) for key, ranges in wanted.items() for span in merge_ranges(ranges, MERGE_GAP)
             ]
@@ -333,8 +374,13 @@ class ShardReader:
                         )
                     results[i] = part
             if not stale:
-                break
+                return
             todo = stale
+        keys = sorted({chunks[i][0].shard.key for i in todo})
+        raise ShardConflictError(
+            f"shard(s) {', '.join(map(repr, keys))} changed under each of {STALE_READS} attempts to read "
+            f"chunks of them (other writers are rewriting them); try again"
+        )
 
     async def index_entries(
         self, chunks: list[ChunkAddress], *, fresh: bool = False
@@ -368,6 +414,9 @@ class ShardReader:
             )
             for shard, (raw, version) in zip(missing, raws, strict=True):
                 index = None if raw is None else decode_index(shard.layout, raw, shard.key)
+                size = self._inner.object_size(version)
+                if index is not None and size is not None:  # before any range is requested
+                    check_ranges(shard.layout, index, size, shard.key)
                 if index is not None and self._cacheable(shard.key, sent):
                     self._indices.put(shard.key, (index, version))
                 found[shard.key] = (index, version)

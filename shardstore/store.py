@@ -50,7 +50,7 @@ from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 __all__ = ["ShardingStore"]
 
 ReadStrategy = Literal["auto", "chunk", "shard"]
-IndexCacheMode = Literal["auto", "trust", "off"]
+IndexCacheMode = Literal["auto", "trust", "off", "revalidate"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
 AUTO_WHOLE_SHARD_BYTES = {True: 64 * 2**20, False: 16 * 2**20}
@@ -138,8 +138,10 @@ class ShardingStore(Store):
     ``index_cache="auto"`` caches what a read can check for free (local files:
     indices by version in the same read, whole shards by a ``stat``) and
     elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
-    after it was fetched; ``"trust"`` caches both until evicted (data that
-    only this store changes); ``"off"`` caches nothing. Writes through this
+    after it was fetched; ``"revalidate"`` keeps cached shards but asks for each
+    again on every read, downloading it only if it changed (S3: a conditional GET
+    on its ETag); ``"trust"`` caches both until evicted (data that only this store
+    changes); ``"off"`` caches nothing. Writes through this
     store always drop what it cached.
     """
 
@@ -166,7 +168,7 @@ class ShardingStore(Store):
             ("layout", layout, ("transformer", "codec")),
             ("write_strategy", write_strategy, ("rewrite", "append")),
             ("read_strategy", read_strategy, ("auto", "chunk", "shard")),
-            ("index_cache", index_cache, ("auto", "trust", "off")),
+            ("index_cache", index_cache, ("auto", "trust", "off", "revalidate")),
         ):
             if value not in allowed:
                 raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
@@ -195,7 +197,8 @@ class ShardingStore(Store):
         }
         self._catalog = ArrayCatalog(self._inner)
         # "auto": only where a read can check the cached index's version for free
-        caching = index_cache == "trust" or (index_cache == "auto" and self._inner.supports_versions)
+        checked = index_cache in ("auto", "revalidate")
+        caching = index_cache == "trust" or (checked and self._inner.supports_versions)
         self._indices = IndexCache(index_cache_bytes if caching else 0)
         whole: WholeShards = "never"
         if read_strategy == "shard":
@@ -212,10 +215,11 @@ class ShardingStore(Store):
             self._inner,
             self._indices,
             self._shards,
-            validate=index_cache == "auto",
+            validate=checked,
             whole=whole,
             whole_limit=AUTO_WHOLE_SHARD_BYTES[self._inner.remote] if read_strategy == "auto" else None,
-            max_age=None if index_cache == "trust" else cache_max_age,
+            max_age={"trust": None, "revalidate": 0.0}.get(index_cache, cache_max_age),
+            revalidate=index_cache == "revalidate",
         )
         self._writer = ShardWriter(
             self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts

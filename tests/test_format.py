@@ -65,7 +65,9 @@ def test_index_is_little_endian_pairs_in_c_order(case: tuple[ShardLayout, dict[i
 @given(layouts)
 def test_index_encode_decode_roundtrip(layout: ShardLayout) -> None:
     index = empty_index(layout)
-    index[::2] = np.arange(2 * len(index[::2]), dtype=np.uint64).reshape(-1, 2)
+    n = len(index[::2])
+    index[::2, 0] = np.arange(n, dtype=np.uint64) * 10  # disjoint ranges
+    index[::2, 1] = np.arange(n, dtype=np.uint64) % 10
     assert np.array_equal(decode_index(layout, encode_index(layout, index), "k"), index)
 
 
@@ -75,12 +77,27 @@ def test_spec_example_index_size() -> None:
     assert ShardLayout((32, 2)).index_nbytes == 1024
 
 
-def test_shared_bytes_are_legal() -> None:
-    """Two entries may point at the same bytes (a writer may deduplicate chunks)."""
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        ([[0, 3], [0, 3]], "chunks 0 and 1 overlap"),  # duplicated
+        ([[0, 3], [2, 1]], "chunks 0 and 1 overlap"),
+        ([[2**60, 1], [0, 3]], "impossible range"),
+        ([[0, MISSING], [0, 3]], "only one of offset/nbytes"),
+    ],
+)
+def test_inconsistent_indices_are_damage(pairs: list[list[int]], message: str) -> None:
+    """Each chunk has bytes of its own: overlapping or duplicated entries are damage."""
     layout = ShardLayout((2,))
-    index = np.array([[0, 3], [0, 3]], dtype=np.uint64)
-    shard = b"abc" + encode_index(layout, index)
-    assert split_shard(layout, shard, "k") == {0: b"abc", 1: b"abc"}
+    shard = b"abcd" + encode_index(layout, np.array(pairs, dtype=np.uint64))
+    with pytest.raises(ShardFormatError, match=message):
+        split_shard(layout, shard, "k")
+
+
+def test_empty_chunks_are_data() -> None:
+    layout = ShardLayout((2,))
+    shard = build_shard(layout, {0: b"", 1: b"ab"})
+    assert split_shard(layout, shard, "k") == {0: b"", 1: b"ab"}
 
 
 LAYOUT = ShardLayout((2, 2))
@@ -116,7 +133,7 @@ def _with_entry(pos: int, offset: int, nbytes: int) -> bytes:
     [
         (4, 3, "outside the data area"),  # runs into the index
         (100, 1, "outside the data area"),  # past the end
-        (2**63, 2**63, "outside the data area"),  # would overflow uint64
+        (2**63, 2**63, "impossible range"),  # would overflow uint64
         (MISSING, 5, "only one of offset/nbytes"),
         (5, MISSING, "only one of offset/nbytes"),
     ],

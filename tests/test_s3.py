@@ -124,3 +124,23 @@ def test_a_shard_url_over_s3(s3: LocalS3) -> None:
     np.testing.assert_array_equal(back[:], np.arange(128 * 128).reshape(128, 128))
     assert s3.paths["GET /shardstore/proto.zarr/a/c/0/0"] == 1  # one shard object, read once
     assert s3.counts["HEAD"] == 0 and s3.counts["GET"] <= 1 + 1
+
+
+def test_revalidate_sees_other_writers_at_once_without_downloading_again(s3: LocalS3) -> None:
+    """``index_cache="revalidate"``: every read of a cached shard is a conditional GET on
+    its ETag; 304 reuses the cached bytes, a changed shard comes back whole."""
+    writer = _store(s3, "revalidate.zarr")
+    arr = zarr.create_array(writer, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4")
+    arr[:] = 1
+    reader = zarr.open_array(
+        ShardingStore(s3.url("revalidate.zarr"), storage_options=s3.storage_options, index_cache="revalidate"),
+        path="a",
+    )
+    assert reader[0, 0] == 1
+    s3.reset()
+    assert reader[1, 1] == 1
+    assert dict(s3.counts) == {"GET": 1} and s3.bytes_down == 0  # 304: nothing downloaded again
+    arr[:32, :32] = 2  # another store changes the shard
+    s3.reset()
+    assert reader[0, 0] == 2  # seen at once, not after cache_max_age
+    assert dict(s3.counts) == {"GET": 1} and s3.bytes_down > 0

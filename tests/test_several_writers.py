@@ -299,7 +299,7 @@ def test_a_rewrite_honours_and_ends_a_crashed_appends_journal(tmp_path: Path) ->
     shard = tmp_path / "j.zarr" / "a" / "c" / "0" / "0"
     committed = shard.stat().st_size
     journal = shard.with_name(".0.appending")
-    journal.write_text(str(committed))
+    journal.write_text(f"{shard.stat().st_ino} {committed}")
     with open(shard, "ab") as f:
         f.write(b"half an append")  # torn tail
     rewriter = zarr.open_array(ShardingStore(url), path="a")
@@ -314,3 +314,21 @@ def test_a_rewrite_honours_and_ends_a_crashed_appends_journal(tmp_path: Path) ->
         4,
     )
     np.testing.assert_array_equal(back, expected)
+
+
+def test_s3_range_reads_never_read_a_replaced_shard(s3: Any) -> None:
+    """A chunk range located by an index carries If-Match on that index's ETag: after
+    another writer replaced the shard, the read is refused and redone with a fresh index."""
+    url = s3.url("replaced.zarr")
+    writer = ShardingStore(url, chunks_per_shard=CPS, storage_options=s3.storage_options)
+    arr = zarr.create_array(writer, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4")
+    arr[:] = 1
+    reader = zarr.open_array(
+        ShardingStore(url, storage_options=s3.storage_options, read_strategy="chunk", index_cache="trust"),
+        path="a",
+    )
+    assert reader[0, 0] == 1  # its index is cached now, with its ETag
+    arr[:8, :8] = np.arange(64, dtype="i4").reshape(8, 8)  # another store rewrites the shard
+    s3.reset()
+    np.testing.assert_array_equal(reader[:4, :4], np.arange(64).reshape(8, 8)[:4, :4])
+    assert s3.counts["GET"] == 3  # refused range (412), fresh index, range

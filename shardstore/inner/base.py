@@ -20,6 +20,8 @@ UNCHANGED = b"<unchanged>"
 Change = Callable[[bytes | None], bytes | None]
 STALE = b"<stale>"
 """A versioned read of an object that has changed since (compared by identity)."""
+NOT_MODIFIED = b"<not modified>"
+"""A conditional read of an object still at the version the reader has (compared by identity)."""
 DEFAULT_ATTEMPTS = 10
 """Conditional writes one update tries before giving up (``write_attempts``)."""
 ANY_VERSION = "<any>"
@@ -155,6 +157,18 @@ class InnerStore(ABC):
         """The object's current version, cheaply (None: absent). Only stores that
         ``supports_versions`` implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot tell versions")
+
+    async def get_many_if_modified(
+        self, requests: Sequence[tuple[str, Hashable]]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        """Whole objects, each unless it is still at the version given (then
+        ``NOT_MODIFIED``, nothing downloaded). Without conditional reads: whole reads."""
+        return await self.get_many_versioned([(key, None) for key, _ in requests], [None] * len(requests))
+
+    def object_size(self, version: Hashable | None) -> int | None:
+        """The object's size as a version read with it tells (None: it does not), so
+        that an index can be checked against it before its ranges are requested."""
+        return None
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]

@@ -96,8 +96,10 @@ class FsspecInner(InnerStore):
                 return bytes(await self._call("cat_file", self._path(key), start=start, end=end))
             except (FileNotFoundError, IsADirectoryError):
                 return None
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
                 if start is not None and start > 0:
+                    if past_the_end(exc):
+                        return b""  # like files and zarr's stores: no bytes past the end
                     raise
                 # An empty object has no byte 0 (S3 answers 416); a suffix longer than the
                 # object makes some file systems seek before 0: read it whole instead.
@@ -207,6 +209,13 @@ class FsspecInner(InnerStore):
         names = sorted({self.fs._strip_protocol(p).rstrip("/").rpartition("/")[2] for p in paths})
         for name in names:
             yield name
+
+
+def past_the_end(exc: BaseException) -> bool:
+    """Whether a ranged read failed for starting past the object's end (HTTP 416)."""
+    response = getattr(exc.__cause__, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status == 416 or "416" in str(exc) or "not satisfiable" in str(exc).lower()
 
 
 def _asynchronous_copy(

@@ -24,6 +24,22 @@ from shardstore.inner.base import (
 from shardstore.inner.locks import file_lock
 
 
+def journal_path(path: Path) -> Path:
+    """The append journal of a local shard."""
+    return path.with_name(f".{path.name}.appending")
+
+
+def committed_size(path: Path, stat: os.stat_result) -> int:
+    """The size of the shard's last committed state: the file's size, unless a crashed
+    append left a journal naming this very file (inode) and a smaller size. A journal
+    naming another inode (the shard was replaced since) or unreadable is ignored."""
+    try:
+        inode, size = (int(v) for v in journal_path(path).read_text().split())
+    except (FileNotFoundError, ValueError):
+        return stat.st_size
+    return size if inode == stat.st_ino and size < stat.st_size else stat.st_size
+
+
 class LocalInner(InnerStore):
     """A local directory. Objects are replaced atomically (temporary file, then
     rename), so neither a concurrent reader nor a crash ever sees half a shard."""
@@ -69,6 +85,9 @@ class LocalInner(InnerStore):
             return None
         return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
+    def object_size(self, version: Hashable | None) -> int | None:
+        return version[1] if isinstance(version, tuple) else None
+
     @staticmethod
     def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
         return LocalInner._read_versioned(path, byte_range, None)[0]
@@ -78,34 +97,35 @@ class LocalInner(InnerStore):
         path: Path, byte_range: ByteRequest | None, expected: Hashable | None
     ) -> tuple[bytes | None, Hashable | None]:
         """A read, with the file's version: (inode, size, mtime). Replacing a shard makes
-        a new inode, appending changes its size, so a cached index can be checked here."""
+        a new inode, appending changes its size, so a cached index can be checked here.
+
+        Whole and index (suffix) reads take a shared lock, so they see the whole old
+        tail or the whole new one of an append; if a crashed append left a torn tail,
+        they see the shard as it was committed (version None: not to be cached)."""
         try:
             with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                fd = f.fileno()
+                stat = os.fstat(fd)
+                version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
                 if expected is not None and version != expected:
                     return STALE, version
-                if byte_range is None:
-                    # a whole shard: its tail must be an index, not half an append
-                    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-                    data = f.read()
-                    stat = os.fstat(f.fileno())
-                    return data, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                if isinstance(byte_range, RangeByteRequest):
-                    f.seek(byte_range.start)
-                    return f.read(max(byte_range.end - byte_range.start, 0)), version
+                if isinstance(byte_range, RangeByteRequest):  # a chunk, located by an index
+                    stop = min(byte_range.end, stat.st_size)
+                    return os.pread(fd, max(stop - byte_range.start, 0), byte_range.start), version
                 if isinstance(byte_range, OffsetByteRequest):
-                    f.seek(byte_range.offset)
-                    return f.read(), version
-                if isinstance(byte_range, SuffixByteRequest):
-                    # A shard's index: appends hold the file exclusively while they extend
-                    # it, so a shared lock sees the whole old tail or the whole new one.
-                    fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-                    stat = os.fstat(f.fileno())
-                    version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                    f.seek(max(stat.st_size - byte_range.suffix, 0))
-                    return f.read(byte_range.suffix), version
-                raise TypeError(f"Unexpected byte_range, got {byte_range}")
+                    return os.pread(fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset), version
+                if byte_range is not None and not isinstance(byte_range, SuffixByteRequest):
+                    raise TypeError(f"Unexpected byte_range, got {byte_range}")
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                stat = os.fstat(fd)
+                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                size = committed_size(path, stat)
+                if size != stat.st_size:
+                    version = None
+                if byte_range is None:
+                    return os.pread(fd, size, 0), version
+                start = max(size - byte_range.suffix, 0)
+                return os.pread(fd, size - start, start), version
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None, None
 
@@ -146,21 +166,15 @@ class LocalInner(InnerStore):
 
     def _update(self, path: Path, change: Change, read_old: bool) -> None:
         with file_lock(path):
-            # An append journal seen under the lock is a crashed append's: the shard's
-            # committed state ends at the size it holds. Replacing the shard ends it.
-            journal = self._journal(path)
-            pending = journal.read_text() if journal.exists() else None
-            old = self._read(path, None) if read_old else None
-            if old is not None and pending:
-                old = old[: int(pending)]
+            old = self._read(path, None) if read_old else None  # as committed
             new = change(old)
             if new is None:
                 if old is not None or not read_old:
                     path.unlink(missing_ok=True)
             elif new is not UNCHANGED:
                 self._write(path, new)
-            if pending is not None and new is not UNCHANGED:
-                journal.unlink()
+            if new is not UNCHANGED:  # a crashed append's journal ends with the file it named
+                journal_path(path).unlink(missing_ok=True)
         if new is None:
             self._prune(path.parent)
 
@@ -212,33 +226,29 @@ class LocalInner(InnerStore):
         with failure("append to", key):
             return await asyncio.to_thread(self._append, self._path(key), build)
 
-    @staticmethod
-    def _journal(path: Path) -> Path:
-        return path.with_name(f".{path.name}.appending")
-
     def _append(self, path: Path, build: AppendBuilder) -> bool:
         """Append under the shard's file lock (writers take turns with rewrites too) and
-        an exclusive ``flock`` on the shard itself (index readers take a shared one, so
-        they see the whole old tail or the whole new one). A journal holding the old
-        size exists while bytes are being appended; if a crash leaves it behind, the
-        next append cuts the object back to that size, so the old index is the last
-        bytes again."""
+        an exclusive ``flock`` on the shard itself (index readers take a shared one).
+        While bytes are being appended a journal names the file and its committed
+        size; one a crash left behind for this file cuts it back to that size, so the
+        committed index is the last bytes again (see :func:`committed_size`)."""
         with file_lock(path):
             try:
                 f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)
             except (FileNotFoundError, IsADirectoryError):
                 return False
             with f:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
                 fd = f.fileno()
-                journal = self._journal(path)
-                if journal.exists():
-                    os.ftruncate(fd, int(journal.read_text() or os.fstat(fd).st_size))
-                    journal.unlink()
-                size = os.fstat(fd).st_size
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                journal = journal_path(path)
+                stat = os.fstat(fd)
+                size = committed_size(path, stat)
+                if size != stat.st_size:
+                    os.ftruncate(fd, size)
+                journal.unlink(missing_ok=True)  # ours, now applied, or another file's
                 payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
                 if payload:
-                    journal.write_text(str(size))
+                    journal.write_text(f"{stat.st_ino} {size}")
                     try:
                         os.pwrite(fd, payload, size)
                     except BaseException:

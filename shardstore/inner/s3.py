@@ -1,58 +1,113 @@
-"""S3 (s3fs): shard commits as conditional writes, so several processes may write one shard.
+"""S3 (s3fs): conditional writes and reads, so several processes may write one shard.
 
 A read for an update returns the object's ETag with its bytes (one GET, as
 before); the write carries ``If-Match: <etag>`` (``If-None-Match: *`` for a
 new object, ``If-Match`` on a delete). If another writer got there first S3
 answers 412 and the update is re-read and re-applied
-(:meth:`InnerStore.update`). Every other operation is plain fsspec.
+(:meth:`InnerStore.update`). Reads of chunk ranges carry ``If-Match`` on the
+ETag their index was read with, so a range is never read from a shard that
+was replaced since. Every other operation is plain fsspec.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import asyncio
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import fsspec
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import ANY_VERSION, failure
-from shardstore.inner.fsspec_fs import FsspecInner
+from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, failure
+from shardstore.inner.fsspec_fs import FsspecInner, past_the_end
 
 __all__ = ["S3Inner", "is_s3"]
 
-_CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
+
+def _range_header(byte_range: ByteRequest | None) -> str | None:
+    if byte_range is None:
+        return None
+    if isinstance(byte_range, RangeByteRequest):
+        return f"bytes={byte_range.start}-{byte_range.end - 1}"
+    if isinstance(byte_range, OffsetByteRequest):
+        return f"bytes={byte_range.offset}-"
+    if isinstance(byte_range, SuffixByteRequest):
+        return f"bytes=-{byte_range.suffix}"
+    raise TypeError(f"Unexpected byte_range, got {byte_range}")
 
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
     return "s3" in fs.protocol and hasattr(fs, "_call_s3")
 
 
-def _is_conflict(exc: BaseException) -> bool:
-    """Whether s3fs's exception is S3 refusing a conditional write (412, or 409 when
-    two conditional writes race)."""
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status behind s3fs's translation of a botocore error."""
     response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return response.get("Error", {}).get("Code") in _CONFLICT_CODES or status in (409, 412)
+    return int(status) if status is not None else None
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    """Whether s3fs's exception is S3 refusing a conditional request (412, or 409 when
+    two conditional writes race)."""
+    return _status(exc) in (409, 412)
 
 
 class S3Inner(FsspecInner):
     conditional_writes = True
 
-    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
-        bucket, name, _ = self.fs.split_path(self._path(key))
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        """Concurrent GETs that return each object's ETag (index and whole-shard reads)
+        and carry ``If-Match`` where a version is expected: a chunk range located by
+        an index read earlier is refused (STALE) if the shard was replaced since,
+        rather than read from the new object."""
+        reads = (self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
+        return list(await asyncio.gather(*reads))
 
-        async def read(fs: Any) -> tuple[bytes | None, Hashable]:
+    async def get_many_if_modified(
+        self, requests: Sequence[tuple[str, Hashable]]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        return list(await asyncio.gather(*(self._get_tagged(k, None, None, unless=v) for k, v in requests)))
+
+    async def _get_tagged(
+        self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
+    ) -> tuple[bytes | None, Hashable | None]:
+        """One GET with the object's ETag; ``If-Match: expected`` (refused: STALE) or
+        ``If-None-Match: unless`` (not modified: NOT_MODIFIED)."""
+        bucket, name, _ = self.fs.split_path(self._path(key))
+        kwargs: dict[str, Any] = {} if expected is None else {"IfMatch": expected}
+        if unless is not None:
+            kwargs["IfNoneMatch"] = unless
+        header = _range_header(byte_range)
+        if header is not None:
+            kwargs["Range"] = header
+
+        async def read(fs: Any) -> tuple[bytes | None, Hashable | None]:
             try:
-                response = await fs._call_s3("get_object", Bucket=bucket, Key=name)
+                response = await fs._call_s3("get_object", Bucket=bucket, Key=name, **kwargs)
             except FileNotFoundError:
                 return None, None
+            except OSError as exc:
+                if expected is not None and _is_conflict(exc):
+                    return STALE, None
+                if unless is not None and _status(exc) == 304:
+                    return NOT_MODIFIED, unless
+                if header is not None and past_the_end(exc):
+                    return b"", None
+                raise
             try:
                 return bytes(await response["Body"].read()), response["ETag"]
             finally:
                 response["Body"].close()
 
         with failure("read", key):
-            result: tuple[bytes | None, Hashable] = await self._on_home_loop(read)
+            result: tuple[bytes | None, Hashable | None] = await self._on_home_loop(read)
             return result
+
+    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
+        return await self._get_tagged(key, None, None)
 
     async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
         path = self._path(key)

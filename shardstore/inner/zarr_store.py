@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
+from shardstore.errors import InnerStoreError
 from shardstore.inner.base import InnerStore, failure, names_under, slice_range
 
 
@@ -31,8 +33,16 @@ class ZarrInner(InnerStore):
         return None if buf is None else buf.to_bytes()
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        with failure("read", requests[0][0] if requests else ""):
-            bufs = await self.store.get_partial_values(default_buffer_prototype(), list(requests))
+        """One ``get_partial_values`` batch. Some stores (zarr 3.1's LocalStore, so any
+        wrapper of one) raise for a missing key there where ``get`` returns None:
+        then each read is made alone, so "not found" is per key."""
+        try:
+            with failure("read", requests[0][0] if requests else ""):
+                bufs = await self.store.get_partial_values(default_buffer_prototype(), list(requests))
+        except InnerStoreError as exc:
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+            return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
         return [None if b is None else b.to_bytes() for b in bufs]
 
     async def set(self, key: str, value: bytes) -> None:
