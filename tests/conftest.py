@@ -19,6 +19,9 @@ INNERS: dict[str, InnerFactory] = {
     "dict": lambda tmp: {},
     "zarr-memory": lambda tmp: zarr.storage.MemoryStore(),
     "zarr-local": lambda tmp: zarr.storage.LocalStore(tmp / "local"),
+    # a wrapper hides the LocalStore: served as any zarr store (batched reads raise for
+    # a missing key there, where get returns None)
+    "zarr-wrapped-local": lambda tmp: zarr.storage.WrapperStore(zarr.storage.LocalStore(tmp / "wrapped")),
     "fsspec-local": lambda tmp: fsspec.get_mapper(f"file://{tmp}/fsmap"),
     "fsspec-memory": lambda tmp: fsspec.get_mapper(f"memory://{tmp.name}"),
     "fsspec-async": lambda tmp: fsspec.FSMap(
