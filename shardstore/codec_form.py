@@ -20,7 +20,14 @@ from typing import Any
 
 from shardstore.format import ShardLayout
 
-__all__ = ["CodecForm", "index_codecs", "parse_codec_form", "to_codec_form", "to_plain_form"]
+__all__ = [
+    "CodecForm",
+    "index_codecs",
+    "parse_codec_form",
+    "parse_index_codecs",
+    "to_codec_form",
+    "to_plain_form",
+]
 
 Document = dict[str, Any]
 SHARDING_CODEC = "sharding_indexed"
@@ -53,12 +60,10 @@ def _config(entry: Any) -> Document:
     return config if isinstance(config, dict) else {}
 
 
-def _index_checksum(codecs: Any) -> bool | None:
+def parse_index_codecs(codecs: Any) -> bool | None:
     """Whether the index codecs are ``[bytes(little)]`` (False) or with ``crc32c``
-    (True); None for anything else. Missing means ``[bytes, crc32c]`` (zarr-python's
-    reading of such documents)."""
-    if codecs is None:
-        return True
+    (True); None for anything else, the only index formats we read. One parser for
+    both layouts: the transformer configuration spells its index the same way."""
     if not isinstance(codecs, list) or not codecs or not _is_codec(codecs[0], "bytes"):
         return None
     if _config(codecs[0]).get("endian", "little") != "little":
@@ -97,12 +102,11 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
         )
     if not isinstance(inner_codecs, list) or any(_is_codec(c, SHARDING_CODEC) for c in inner_codecs):
         return CodecForm(unservable="nested sharding (a sharding codec inside the sharding codec)")
-    checksum = _index_checksum(config.get("index_codecs"))
+    codecs = config.get("index_codecs")
+    # missing means [bytes, crc32c]: zarr-python's reading of such documents
+    checksum = True if codecs is None else parse_index_codecs(codecs)
     if checksum is None:
-        return CodecForm(
-            unservable=f"index_codecs {config.get('index_codecs')!r} are not bytes(little) with "
-            "an optional crc32c"
-        )
+        return CodecForm(unservable=f"index_codecs {codecs!r} are not bytes(little) with an optional crc32c")
     location = config.get("index_location", "end")
     if location not in ("start", "end"):
         return CodecForm(unservable=f"index_location {location!r} is neither 'start' nor 'end'")

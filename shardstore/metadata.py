@@ -1,9 +1,12 @@
 """Metadata handling: the sharding config in array metadata documents.
 
-Stored documents carry the config as a ZEP 2 storage transformer entry; the
-documents zarr reads have it removed (zarr-python 3 refuses a non-empty
-``storage_transformers``) and the documents zarr writes get it back. Pure
-functions over parsed JSON; the store does the I/O.
+Stored documents carry the config as a ZEP 2 storage transformer entry, and
+beside it a marker codec (v3) or filter (v2) named after shardstore that no
+plain reader knows: zarr-python 3.1 honours ``storage_transformers`` only in
+``open_array`` (and ignores the key in a v2 ``.zarray``), so without the
+marker a plain reader would decode shards as chunks. The documents zarr reads
+have both removed and the documents zarr writes get both back. Pure functions
+over parsed JSON; the store does the I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from shardstore.codec_form import CodecForm, parse_codec_form, to_codec_form, to_plain_form
+from shardstore.codec_form import (
+    CodecForm,
+    index_codecs,
+    parse_codec_form,
+    parse_index_codecs,
+    to_codec_form,
+    to_plain_form,
+)
 from shardstore.errors import ShardingConfigError
 from shardstore.format import ShardLayout
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -44,6 +54,10 @@ the array at ``data/root/<p>`` are described by ``meta/root/<p>.array.json``."""
 _DRAFT_DATA, _DRAFT_META = "data/root", "meta/root"
 
 TRANSFORMER_NAME = "sharding"
+MARKER = "shardstore.sharding"
+"""The name of the codec (v3) or filter (v2) that makes plain readers fail naming
+shardstore: zarr-python raises ``Unknown codec: 'shardstore.sharding'`` (v3) or
+numcodecs ``codec not available`` (v2) wherever it parses the array's metadata."""
 _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
 MAX_CHUNKS_PER_SHARD = 2**24
 """An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
@@ -120,19 +134,44 @@ def _layout_from_entry(path: str, entry: Document, ndim: int) -> ShardLayout:
     layout = ShardLayout(
         tuple(cps),
         index_location=config.get("index_location", "end"),
-        index_checksum=config.get("index_checksum", False),
+        index_checksum=_index_checksum(path, config),
     )
     return validate_layout(path, layout, ndim)
 
 
+def _index_checksum(path: str, config: Document) -> bool:
+    """Whether the index has a crc32c checksum, by the codec spec's ``index_codecs``
+    or by ``index_checksum``, the shorthand older shardstore wrote (both must agree)."""
+    where = f"array {path or '/'!r}"
+    flag = config.get("index_checksum")
+    if flag is not None and not isinstance(flag, bool):
+        raise ShardingConfigError(f"{where}: index_checksum must be true or false, not {flag!r}")
+    if "index_codecs" not in config:
+        return bool(flag)
+    codecs = config["index_codecs"]
+    checksum = parse_index_codecs(codecs)
+    if checksum is None:
+        raise ShardingConfigError(
+            f"{where}: unsupported index_codecs {codecs!r}; shardstore reads bytes (little-endian) "
+            "optionally followed by crc32c"
+        )
+    if flag is not None and flag != checksum:
+        raise ShardingConfigError(
+            f"{where}: index_checksum {str(flag).lower()} contradicts index_codecs {codecs!r}"
+        )
+    return checksum
+
+
 def layout_entry(layout: ShardLayout) -> Document:
+    """Our transformer entry, the index spelled by the codec spec's names only (a
+    reader that knows only ``index_checksum`` fails on the marker anyway)."""
     return {
         "name": TRANSFORMER_NAME,
         "configuration": {
             "type": "indexed",
             "chunks_per_shard": list(layout.chunks_per_shard),
             "index_location": layout.index_location,
-            "index_checksum": layout.index_checksum,
+            "index_codecs": index_codecs(layout),
         },
     }
 
@@ -313,22 +352,54 @@ def _present_one(path: str, doc: Document, passthrough: Callable[[str], bool]) -
     return True
 
 
+def _is_v3(doc: Document) -> bool:
+    return doc.get("zarr_format") == 3 or "node_type" in doc
+
+
 def _strip_one(doc: Document) -> bool:
+    """Remove our transformer entry and, with it, the marker (a marker alone is left:
+    without the config the store cannot serve the array, so zarr had better fail)."""
     transformers = doc.get("storage_transformers")
     if not isinstance(transformers, list) or not any(_is_our_entry(t) for t in transformers):
         return False
     rest = [t for t in transformers if not _is_our_entry(t)]
-    if rest or doc.get("zarr_format") == 3 or "node_type" in doc:
+    if rest or _is_v3(doc):
         doc["storage_transformers"] = rest
     else:  # zarr v2 has no such key: leave the document as zarr wrote it
         del doc["storage_transformers"]
+    _remove_marker(doc)
     return True
+
+
+def _marker_slot(doc: Document) -> tuple[str, str]:
+    """Where the marker goes: the list and the entry's name field (v3 codec, v2 filter).
+    Last in the list: the first step of decoding, before any codec sees shard bytes."""
+    return ("codecs", "name") if _is_v3(doc) else ("filters", "id")
+
+
+def _unmarked(doc: Document) -> list[Any]:
+    key, field = _marker_slot(doc)
+    entries = doc.get(key) or []
+    return [e for e in entries if not (isinstance(e, dict) and e.get(field) == MARKER)]
+
+
+def _add_marker(doc: Document) -> None:
+    key, field = _marker_slot(doc)
+    doc[key] = [*_unmarked(doc), {field: MARKER}]
+
+
+def _remove_marker(doc: Document) -> None:
+    key, _ = _marker_slot(doc)
+    rest = _unmarked(doc)
+    if len(rest) != len(doc.get(key) or []):
+        doc[key] = rest if rest or key == "codecs" else None  # no v2 filters is null
 
 
 def inject_layout(doc: Document, layout: ShardLayout, form: Layout = "transformer") -> None:
     """Record ``layout`` in a plain array document in place, replacing any earlier
-    entry: as our transformer entry, or (``form="codec"``, zarr v3 only) as
-    standard ``sharding_indexed`` metadata."""
+    entry: as our transformer entry plus the marker, or (``form="codec"``, zarr v3
+    only) as standard ``sharding_indexed`` metadata, which plain readers are meant
+    to read (no marker)."""
     if form == "codec":
         sharded = to_codec_form(doc, layout)
         doc.clear()
@@ -336,6 +407,7 @@ def inject_layout(doc: Document, layout: ShardLayout, form: Layout = "transforme
         return
     rest = [t for t in doc.get("storage_transformers") or [] if not _is_our_entry(t)]
     doc["storage_transformers"] = [layout_entry(layout), *rest]
+    _add_marker(doc)
 
 
 def consolidated_arrays(name: str, doc: Document) -> dict[str, Document]:

@@ -9,48 +9,55 @@ import numpy as np
 import pytest
 import zarr
 
-from shardstore import ShardingStore
+from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
 
 from .helpers import inner_get, inner_keys
+
+BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
+CRC32C = {"name": "crc32c"}
 
 
 def _stored(backing: dict[str, Any], key: str) -> dict[str, Any]:
     return json.loads(backing[key])
 
 
+def _set_index_config(backing: dict[str, Any], key: str, index: dict[str, Any]) -> None:
+    """Spell the index of the stored transformer config as ``index`` says, by hand."""
+    doc = _stored(backing, key)
+    config = doc["storage_transformers"][0]["configuration"]
+    for name in ("index_codecs", "index_checksum"):
+        config.pop(name, None)
+    config.update(index)
+    backing[key] = json.dumps(doc).encode()
+
+
 def test_config_recorded_in_v3_metadata_and_hidden_from_zarr() -> None:
     backing: dict[str, Any] = {}
     store = ShardingStore(backing, chunks_per_shard=[2, 4], index_location="start", index_checksum=True)
     zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1")[:] = 3
-    assert _stored(backing, "a/zarr.json")["storage_transformers"] == [
+    stored = _stored(backing, "a/zarr.json")
+    assert stored["storage_transformers"] == [
         {
             "name": "sharding",
             "configuration": {
                 "type": "indexed",
                 "chunks_per_shard": [2, 4],
                 "index_location": "start",
-                "index_checksum": True,
+                "index_codecs": [
+                    {"name": "bytes", "configuration": {"endian": "little"}},
+                    {"name": "crc32c"},
+                ],
             },
         }
     ]
+    assert stored["codecs"][-1] == {"name": "shardstore.sharding"}  # makes plain zarr fail
     seen = json.loads(zarr.storage.StorePath(store, "a/zarr.json").get_sync().to_bytes())  # type: ignore[union-attr]
     assert seen["storage_transformers"] == []
+    assert seen["codecs"] == stored["codecs"][:-1]
     # Re-opened with no config, with other options passed: the recorded ones win.
     again = ShardingStore(backing, chunks_per_shard=[4, 4], index_location="end")
     assert zarr.open_array(again, path="a")[:].sum() == 3 * 64
     assert sorted(k for k in backing if "/c/" in k) == ["a/c/0/0", "a/c/1/0"]
-
-
-def test_plain_zarr_refuses_transformer_layout_v3_data() -> None:
-    backing: dict[str, Any] = {}
-    zarr.create_array(
-        ShardingStore(backing, chunks_per_shard=[2]), name="a", shape=(8,), chunks=(2,), dtype="u1"
-    )
-    plain = zarr.storage.MemoryStore()
-    for k, v in backing.items():
-        plain._store_dict[k] = zarr.core.buffer.cpu.Buffer.from_bytes(v)
-    with pytest.raises(Exception, match=r"storage transformer|storage_transformers"):
-        zarr.open_array(plain, path="a")
 
 
 def test_existing_array_keeps_config_through_resize_and_attrs() -> None:
@@ -184,3 +191,64 @@ def test_non_json_metadata_names_pass_through_untouched() -> None:
     store.set_sync("foo/zarr.json", zarr.core.buffer.cpu.Buffer.from_bytes(b"\x00not json"))
     assert inner_get(store, "foo/zarr.json") == b"\x00not json"
     assert store.get_sync("foo/zarr.json").to_bytes() == b"\x00not json"  # type: ignore[union-attr]
+
+
+# -- the index described by the codec spec's names (index_codecs), index_checksum a shorthand ----
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        pytest.param({"index_codecs": [BYTES, CRC32C]}, id="index_codecs"),
+        pytest.param({"index_checksum": True}, id="index_checksum-as-older-shardstore-wrote"),
+        pytest.param({"index_codecs": [{"name": "bytes"}, "crc32c"], "index_checksum": True}, id="both"),
+    ],
+)
+def test_an_index_checksum_is_read_in_either_spelling(index: dict[str, Any]) -> None:
+    backing: dict[str, Any] = {}
+    store = ShardingStore(backing, chunks_per_shard=[2, 2], index_checksum=True)
+    data = np.arange(16, dtype="u1").reshape(4, 4)
+    zarr.create_array(store, name="a", shape=(4, 4), chunks=(1, 1), dtype="u1")[:] = data
+    _set_index_config(backing, "a/zarr.json", index)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(backing), path="a")[:], data)
+    shard = bytearray(backing["a/c/0/0"])
+    shard[-5] ^= 0xFF  # the index's last byte, just before its crc32c
+    backing["a/c/0/0"] = bytes(shard)
+    with pytest.raises(ShardFormatError, match=r"a/c/0/0.*checksum"):
+        zarr.open_array(ShardingStore(backing), path="a")[0, 0]
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("checksum", [False, True])
+def test_written_configs_spell_the_index_by_the_codec_spec(zarr_format: int, checksum: bool) -> None:
+    backing: dict[str, Any] = {}
+    store = ShardingStore(backing, chunks_per_shard=[2], index_location="start", index_checksum=checksum)
+    zarr.create_array(store, name="a", shape=(4,), chunks=(1,), dtype="u1", zarr_format=zarr_format)
+    key = "a/zarr.json" if zarr_format == 3 else "a/.zarray"
+    assert _stored(backing, key)["storage_transformers"][0]["configuration"] == {
+        "type": "indexed",
+        "chunks_per_shard": [2],
+        "index_location": "start",
+        "index_codecs": [BYTES, CRC32C] if checksum else [BYTES],
+    }
+
+
+@pytest.mark.parametrize(
+    ("index", "reason"),
+    [
+        ({"index_codecs": [BYTES, CRC32C], "index_checksum": False}, "contradicts"),
+        ({"index_codecs": [BYTES], "index_checksum": True}, "contradicts"),
+        ({"index_codecs": [{"name": "bytes", "configuration": {"endian": "big"}}]}, "unsupported"),
+        ({"index_codecs": [CRC32C]}, "unsupported"),
+        ({"index_codecs": [BYTES, {"name": "zstd"}]}, "unsupported"),
+        ({"index_codecs": None}, "unsupported"),
+        ({"index_checksum": "yes"}, "true or false"),
+    ],
+)
+def test_an_index_config_that_cannot_be_read_is_refused(index: dict[str, Any], reason: str) -> None:
+    backing: dict[str, Any] = {}
+    store = ShardingStore(backing, chunks_per_shard=[2])
+    zarr.create_array(store, name="g/a", shape=(4,), chunks=(1,), dtype="u1")[:] = 1
+    _set_index_config(backing, "g/a/zarr.json", index)
+    with pytest.raises(ShardingConfigError, match=rf"array 'g/a'.*{reason}"):
+        zarr.open_array(ShardingStore(backing), path="g/a")

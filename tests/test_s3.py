@@ -133,7 +133,9 @@ def test_revalidate_sees_other_writers_at_once_without_downloading_again(s3: Loc
     arr = zarr.create_array(writer, name="a", shape=(128, 128), chunks=(32, 32), dtype="f4")
     arr[:] = 1
     reader = zarr.open_array(
-        ShardingStore(s3.url("revalidate.zarr"), storage_options=s3.storage_options, index_cache="revalidate"),
+        ShardingStore(
+            s3.url("revalidate.zarr"), storage_options=s3.storage_options, index_cache="revalidate"
+        ),
         path="a",
     )
     assert reader[0, 0] == 1
