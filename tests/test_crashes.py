@@ -3,9 +3,10 @@
 A writer process rewrites every chunk generation after generation (each chunk
 filled with ``generation * 1000 + chunk id``) in one write mode, and is
 killed at a random moment. A fresh reader then finds every chunk at some
-generation it was written with — never a fill value for a written chunk,
-garbage or an error — and after one more write of every chunk ``verify``
-finds nothing wrong (a torn append is repaired by the next write).
+generation it was written with, no older than the last generation whose
+writes had all returned — never a fill value for a written chunk, garbage or
+an error — and after one more write of every chunk ``verify`` finds nothing
+wrong (a torn append is repaired by the next write).
 """
 
 from __future__ import annotations
@@ -48,23 +49,25 @@ def _write_generation(store: ShardingStore, arr: zarr.Array[Any], mode: str, gen
         compact(store, "a/")
 
 
-def _write_forever(url: str, mode: str, first: int, started: Any) -> None:
+def _write_forever(url: str, mode: str, first: int, started: Any, acknowledged: Any) -> None:
     store = _store(url, mode)
     arr = zarr.open_array(store, path="a")
     generation = first
     while True:
         _write_generation(store, arr, mode, generation)
+        acknowledged.value = generation  # every chunk's write of it has returned
         started.set()
         generation += 1
 
 
-def _check_every_chunk_is_a_written_value(url: str) -> None:
+def _check_every_chunk_is_a_written_value(url: str, acknowledged: int = 0) -> None:
     got = zarr.open_array(ShardingStore(url, read_strategy="chunk"), path="a", mode="r")[:]
     blocks = got.reshape(GRID, CHUNK, GRID, CHUNK).transpose(0, 2, 1, 3).reshape(GRID, GRID, -1)
     assert (blocks.min(axis=2) == blocks.max(axis=2)).all(), "a chunk holds mixed values"
     values = blocks[:, :, 0]
     assert (values > 0).all(), "a written chunk reads as the fill value"
     assert ((values - _ids()) % 1000 == 0).all(), "a chunk holds a value never written to it"
+    assert (values // 1000 >= acknowledged).all(), "an acknowledged write was lost"
 
 
 @pytest.mark.parametrize("mode", ["rewrite", "batch", "append", "compact"])
@@ -83,14 +86,14 @@ def test_kill_at_any_moment_leaves_only_written_values(tmp_path: Path, mode: str
     ctx = mp.get_context("spawn")
     rng = random.Random(mode)
     for trial in range(TRIALS):
-        started = ctx.Event()
-        writer = ctx.Process(target=_write_forever, args=(url, mode, 10 * (trial + 1), started))
+        started, acknowledged = ctx.Event(), ctx.Value("i", 0)
+        writer = ctx.Process(target=_write_forever, args=(url, mode, 10 * (trial + 1), started, acknowledged))
         writer.start()
         assert started.wait(120)
         time.sleep(rng.uniform(0, 0.2))  # somewhere in a later generation
         os.kill(writer.pid, signal.SIGKILL)  # type: ignore[arg-type]
         writer.join()
-        _check_every_chunk_is_a_written_value(url)
+        _check_every_chunk_is_a_written_value(url, acknowledged.value)
     _write_generation(store, arr, mode, 99)  # the next writes repair what a kill tore
     _check_every_chunk_is_a_written_value(url)
     assert verify(ShardingStore(url), decode=True) == {}
