@@ -18,7 +18,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Literal
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -36,6 +35,7 @@ from shardstore.format import (
 )
 from shardstore.inner import STALE, InnerStore
 from shardstore.inner.base import NOT_MODIFIED
+from shardstore.options import ReadPolicy
 
 __all__ = ["ShardReader"]
 
@@ -83,7 +83,6 @@ def merge_ranges(
 _Fetched = tuple[ShardSnapshot | None, Exception | None]
 """A whole-shard fetch's outcome, shared with the reads that joined it."""
 
-WholeShards = Literal["never", "repeat", "always"]
 REPEAT_READS = 3
 REPEAT_WINDOW = 1.0
 """``"repeat"``: the REPEAT_READS-th batch to read a shard, each within this many
@@ -100,36 +99,17 @@ _CHANGES = 65536
 
 class ShardReader:
     def __init__(
-        self,
-        inner: InnerStore,
-        indices: IndexCache,
-        shards: ShardCache,
-        *,
-        validate: bool,
-        whole: WholeShards,
-        whole_limit: int | None = None,
-        max_age: float | None = None,
-        revalidate: bool = False,
+        self, inner: InnerStore, indices: IndexCache, shards: ShardCache, policy: ReadPolicy
     ) -> None:
-        """``whole``: when to fetch a shard whole into the shard cache rather than
-        read ranges of it: on its first read (``"always"``), when it is read again
-        and again (``"repeat"``, see REPEAT_READS) — both only for arrays whose
-        uncompressed shard is at most ``whole_limit`` bytes (None: any) — or only
-        when one batch wants half of it (``"never"``, nothing cached).
-
-        ``validate``: check cached entries against the object's version where the
-        store tells it cheaply; otherwise a cached shard is served for ``max_age``
-        seconds (None: until evicted); with ``revalidate``, a cached shard past that
-        age is kept, and asked for again only if it changed (a conditional read)."""
+        """Reads through ``indices`` and ``shards`` as ``policy`` says (see ReadPolicy)."""
         self._inner = inner
         self._indices = indices
         self._shards = shards
-        self._validate = validate
-        self._check_versions = validate and inner.supports_versions
-        self._whole = whole
-        self._whole_limit = whole_limit
-        self._max_age = max_age
-        self._revalidate = revalidate
+        self._check_versions = policy.validate and inner.supports_versions
+        self._whole = policy.whole
+        self._whole_limit = policy.whole_limit
+        self._max_age = policy.max_age
+        self._revalidate = policy.revalidate
         self._lock = threading.Lock()
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()

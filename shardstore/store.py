@@ -44,19 +44,14 @@ from shardstore.metadata import (
     load_document,
     present_document,
 )
-from shardstore.reader import ShardReader, WholeShards
+from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
+from shardstore.reader import ShardReader
 from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
 
-ReadStrategy = Literal["auto", "chunk", "shard"]
-IndexCacheMode = Literal["auto", "trust", "off", "revalidate"]
 _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
-AUTO_WHOLE_SHARD_BYTES = {True: 64 * 2**20, False: 16 * 2**20}
-"""``read_strategy="auto"`` fetches shards whole up to this uncompressed size, on
-remote stores (True) on first read: one request costs less than two round
-trips; on others on a repeated read: one read instead of many small ones."""
 _ADDRESS_CACHE = 1 << 17
 """Chunk keys whose shard address is remembered (cleared when full)."""
 
@@ -164,63 +159,25 @@ class ShardingStore(Store):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
-        for name, value, allowed in (
-            ("layout", layout, ("transformer", "codec")),
-            ("write_strategy", write_strategy, ("rewrite", "append")),
-            ("read_strategy", read_strategy, ("auto", "chunk", "shard")),
-            ("index_cache", index_cache, ("auto", "trust", "off", "revalidate")),
-        ):
-            if value not in allowed:
-                raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
-        for name, amount in (
-            ("index_cache_bytes", index_cache_bytes),
-            ("shard_cache_bytes", shard_cache_bytes),
-            ("cache_max_age", cache_max_age),
-        ):
-            if not amount >= 0:
-                raise ShardingConfigError(f"{name}={amount!r} must be a number >= 0")
-        if not (isinstance(write_attempts, int) and write_attempts >= 1):
-            raise ShardingConfigError(f"write_attempts={write_attempts!r} must be an integer >= 1")
+        self._options = StoreOptions(
+            layout=layout,
+            write_strategy=write_strategy,
+            read_strategy=read_strategy,
+            index_cache=index_cache,
+            index_cache_bytes=index_cache_bytes,
+            shard_cache_bytes=shard_cache_bytes,
+            cache_max_age=cache_max_age,
+            write_attempts=write_attempts,
+        )
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
-        self._options: dict[str, Any] = {
-            "layout": layout,
-            "write_strategy": write_strategy,
-            "read_strategy": read_strategy,
-            "index_cache": index_cache,
-            "index_cache_bytes": index_cache_bytes,
-            "shard_cache_bytes": shard_cache_bytes,
-            "cache_max_age": cache_max_age,
-            "write_attempts": write_attempts,
-        }
         self._catalog = ArrayCatalog(self._inner)
-        # "auto": only where a read can check the cached index's version for free
-        checked = index_cache in ("auto", "revalidate")
-        caching = index_cache == "trust" or (checked and self._inner.supports_versions)
-        self._indices = IndexCache(index_cache_bytes if caching else 0)
-        whole: WholeShards = "never"
-        if read_strategy == "shard":
-            whole = "always"
-        elif read_strategy == "auto" and index_cache != "off":
-            # remote: on first read, served for cache_max_age; local files: on a repeated
-            # read, its version checked by every later read; in memory: ranges, nothing cached
-            if self._inner.remote:
-                whole = "always"
-            elif self._inner.supports_versions:
-                whole = "repeat"
-        self._shards = ShardCache(0 if whole == "never" or index_cache == "off" else shard_cache_bytes)
-        self._reader = ShardReader(
-            self._inner,
-            self._indices,
-            self._shards,
-            validate=checked,
-            whole=whole,
-            whole_limit=AUTO_WHOLE_SHARD_BYTES[self._inner.remote] if read_strategy == "auto" else None,
-            max_age={"trust": None, "revalidate": 0.0}.get(index_cache, cache_max_age),
-            revalidate=index_cache == "revalidate",
-        )
+        reads = ReadPolicy.resolve(self._options, self._inner)
+        self._indices = IndexCache(reads.index_cache_bytes)
+        self._shards = ShardCache(reads.shard_cache_bytes)
+        self._reader = ShardReader(self._inner, self._indices, self._shards, reads)
         self._writer = ShardWriter(
             self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
         )
@@ -236,7 +193,7 @@ class ShardingStore(Store):
             "chunks_per_shard": self._policy.chunks_per_shard,
             "index_location": self._policy.index_location,
             "index_checksum": self._policy.index_checksum,
-            **self._options,
+            **self._options.as_kwargs(),
             "storage_options": self._storage_options,
         }
 
@@ -574,7 +531,7 @@ class ShardingStore(Store):
         layout = self._policy.layout_for(path, doc, written.ndim)
         if layout is None:
             return None
-        form: Layout = self._options["layout"]
+        form = self._options.layout
         if form == "codec" and name != V3_NAME:
             raise ShardingConfigError(
                 f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "

@@ -1,0 +1,120 @@
+"""The store's runtime options, checked once, and the read policy they resolve to.
+
+Options are never recorded in metadata: two stores over the same data may
+choose differently. :class:`ReadPolicy` is what the options mean for one
+inner store (remote or not, able to check versions or not), worked out once
+so that the read path only follows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from shardstore.errors import ShardingConfigError
+from shardstore.inner import InnerStore
+from shardstore.inner.base import DEFAULT_ATTEMPTS
+from shardstore.metadata import Layout
+from shardstore.writer import WriteStrategy
+
+__all__ = [
+    "AUTO_WHOLE_SHARD_BYTES",
+    "IndexCacheMode",
+    "ReadPolicy",
+    "ReadStrategy",
+    "StoreOptions",
+    "WholeShards",
+]
+
+ReadStrategy = Literal["auto", "chunk", "shard"]
+IndexCacheMode = Literal["auto", "trust", "off", "revalidate"]
+WholeShards = Literal["never", "repeat", "always"]
+
+AUTO_WHOLE_SHARD_BYTES = {True: 64 * 2**20, False: 16 * 2**20}
+"""``read_strategy="auto"`` fetches shards whole up to this uncompressed size, on
+remote stores (True) on first read: one request costs less than two round
+trips; on others on a repeated read: one read instead of many small ones."""
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "layout": ("transformer", "codec"),
+    "write_strategy": ("rewrite", "append"),
+    "read_strategy": ("auto", "chunk", "shard"),
+    "index_cache": ("auto", "trust", "off", "revalidate"),
+}
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How one store instance reads and writes (see :class:`~shardstore.ShardingStore`)."""
+
+    layout: Layout = "transformer"
+    write_strategy: WriteStrategy = "rewrite"
+    read_strategy: ReadStrategy = "auto"
+    index_cache: IndexCacheMode = "auto"
+    index_cache_bytes: int = 64 * 2**20
+    shard_cache_bytes: int = 256 * 2**20
+    cache_max_age: float = 1.0
+    write_attempts: int = DEFAULT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ShardingConfigError(f"{name}={value!r} is not supported; choose one of {list(allowed)}")
+        for name in ("index_cache_bytes", "shard_cache_bytes", "cache_max_age"):
+            amount = getattr(self, name)
+            if not amount >= 0:
+                raise ShardingConfigError(f"{name}={amount!r} must be a number >= 0")
+        if not (isinstance(self.write_attempts, int) and self.write_attempts >= 1):
+            raise ShardingConfigError(f"write_attempts={self.write_attempts!r} must be an integer >= 1")
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """What the read path does on one inner store.
+
+    ``whole``: when to fetch a shard whole rather than read ranges of it — on its
+    first read (``"always"``), when it is read again and again (``"repeat"``) —
+    both only for arrays whose uncompressed shard is at most ``whole_limit`` bytes
+    (None: any) — or only when one batch wants half of it (``"never"``).
+    ``validate``: check cached entries against the object's version where the
+    store tells it cheaply; otherwise a cached shard is served for ``max_age``
+    seconds (None: until evicted); with ``revalidate`` a cached shard past that
+    age is kept and asked for again only if it changed (a conditional read)."""
+
+    index_cache_bytes: int = 0
+    shard_cache_bytes: int = 0
+    validate: bool = True
+    whole: WholeShards = "never"
+    whole_limit: int | None = None
+    max_age: float | None = None
+    revalidate: bool = False
+
+    @classmethod
+    def resolve(cls, options: StoreOptions, inner: InnerStore) -> ReadPolicy:
+        mode = options.index_cache
+        checked = mode in ("auto", "revalidate")
+        # indices only where a read can check them for free, unless trusted
+        caching = mode == "trust" or (checked and inner.supports_versions)
+        whole: WholeShards = "never"
+        if options.read_strategy == "shard":
+            whole = "always"
+        elif options.read_strategy == "auto" and mode != "off":
+            # remote: on first read, served for cache_max_age; local files: on a repeated
+            # read, its version checked by every later read; in memory: ranges, nothing cached
+            if inner.remote:
+                whole = "always"
+            elif inner.supports_versions:
+                whole = "repeat"
+        return cls(
+            index_cache_bytes=options.index_cache_bytes if caching else 0,
+            shard_cache_bytes=0 if whole == "never" or mode == "off" else options.shard_cache_bytes,
+            validate=checked,
+            whole=whole,
+            whole_limit=AUTO_WHOLE_SHARD_BYTES[inner.remote] if options.read_strategy == "auto" else None,
+            max_age={"trust": None, "revalidate": 0.0}.get(mode, options.cache_max_age),
+            revalidate=mode == "revalidate",
+        )
