@@ -27,7 +27,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
-__all__ = ["CommitQueue", "Splice", "Update", "apply_updates", "independent_of_old", "merge_updates"]
+__all__ = [
+    "CommitQueue",
+    "Splice",
+    "Update",
+    "apply_updates",
+    "independent_of_old",
+    "merge_updates",
+    "outcome",
+]
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,13 @@ def merge_updates(into: dict[int, list[Update]], updates: Mapping[int, list[Upda
 
 
 T = TypeVar("T")
+
+
+async def outcome(future: concurrent.futures.Future[None]) -> None:
+    """Wait for a future that other waiters share: cancelling this waiter must not
+    cancel the future itself (asyncio.wrap_future would), or every other writer
+    of the shard would lose its write."""
+    await asyncio.shield(asyncio.wrap_future(future))
 
 
 @dataclass(eq=False)
@@ -139,7 +154,7 @@ class CommitQueue(Generic[T]):
             to_wake = [batch, *self._fullest_if_all_waiting()]
         for b in to_wake:
             b.wake()
-        await asyncio.wrap_future(batch.done)
+        await outcome(batch.done)
 
     def _fullest_if_all_waiting(self) -> list[_Batch[T]]:
         """The fullest lingering batch, once every writer a caller can have is waiting
@@ -191,7 +206,7 @@ class CommitQueue(Generic[T]):
                 await self._linger(batch)
             else:
                 with contextlib.suppress(Exception):  # its own writers get its error
-                    await asyncio.wrap_future(previous)
+                    await outcome(previous)
             with self._lock:
                 if self._pending.get(shard_key) is batch:
                     del self._pending[shard_key]

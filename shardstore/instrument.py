@@ -87,11 +87,18 @@ class CountingInner(InnerStore):
     def remote(self) -> bool:  # type: ignore[override]
         return self.inner.remote
 
+    @property
+    def versioned_ranges(self) -> bool:  # type: ignore[override]
+        return self.inner.versioned_ranges
+
     def version(self, key: str) -> Hashable | None:
         return self.inner.version(key)
 
     def object_size(self, version: Hashable | None) -> int | None:
         return self.inner.object_size(version)
+
+    async def temporary_files(self, prefix: str) -> list[str]:
+        return await self.inner.temporary_files(prefix)
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]

@@ -99,8 +99,11 @@ class ReadPolicy:
         checked = mode in ("auto", "revalidate")
         # indices only where a read can check them for free, unless trusted
         caching = mode == "trust" or (checked and inner.supports_versions)
+        # In memory a range read could meet a newer shard than its index came from,
+        # while a whole read is one consistent snapshot and costs no more.
+        in_memory = not (inner.versioned_ranges or inner.remote)
         whole: WholeShards = "never"
-        if options.read_strategy == "shard":
+        if options.read_strategy == "shard" or in_memory:
             whole = "always"
         elif options.read_strategy == "auto" and mode != "off":
             # remote: on first read, served for cache_max_age; local files: on a repeated
@@ -111,7 +114,11 @@ class ReadPolicy:
                 whole = "repeat"
         return cls(
             index_cache_bytes=options.index_cache_bytes if caching else 0,
-            shard_cache_bytes=0 if whole == "never" or mode == "off" else options.shard_cache_bytes,
+            shard_cache_bytes=0
+            if whole == "never"
+            or mode == "off"
+            or (in_memory and options.read_strategy != "shard" and mode != "trust")
+            else options.shard_cache_bytes,
             validate=checked,
             whole=whole,
             whole_limit=AUTO_WHOLE_SHARD_BYTES[inner.remote] if options.read_strategy == "auto" else None,

@@ -27,11 +27,11 @@ import zarr
 
 from shardstore.addressing import ChunkAddress, ShardAddress, covers_shard
 from shardstore.batching import Held, WriteBuffer
-from shardstore.commits import CommitQueue, Update, apply_updates, independent_of_old
+from shardstore.commits import CommitQueue, Update, apply_updates, independent_of_old, outcome
 from shardstore.errors import BatchCommitError
 from shardstore.format import MISSING, build_shard, check_ranges, decode_index, encode_index, split_shard
 from shardstore.inner import InnerStore
-from shardstore.inner.base import DEFAULT_ATTEMPTS
+from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 
 __all__ = ["DEFAULT_BATCH_BYTES", "ShardWriter", "WriteStrategy"]
 
@@ -89,7 +89,9 @@ class ShardWriter:
         for held in due:
             self._start(buffer, held)
         while buffer.nbytes > buffer.max_bytes and (flying := buffer.in_flight()):
-            await asyncio.wait([asyncio.wrap_future(f) for f in flying], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [asyncio.ensure_future(outcome(f)) for f in flying], return_when=asyncio.FIRST_COMPLETED
+            )
 
     async def compact(self, shard: ShardAddress) -> None:
         """Rewrite a shard compactly, whatever the strategy (drops dead bytes)."""
@@ -172,13 +174,14 @@ class ShardWriter:
         while flying := buffer.in_flight():
             for future in flying:
                 with contextlib.suppress(Exception):  # recorded in buffer.failures
-                    await asyncio.wrap_future(future)
+                    await outcome(future)
 
     # -- commits ------------------------------------------------------------------
 
     async def _commit(self, shard_key: str, job: _Job, updates: dict[int, list[Update]]) -> None:
         try:
-            await self._commit_by_strategy(job, updates)
+            with failure("commit", shard_key):  # an inner store of the user's own may raise anything
+                await self._commit_by_strategy(job, updates)
         finally:
             self._on_commit(shard_key)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
 from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
-from shardstore.inner import MappingInner
+from shardstore.inner import LocalInner, MappingInner
 from shardstore.instrument import CountingInner
 
 DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
@@ -91,8 +92,8 @@ def test_absent_shards_are_remembered_too() -> None:
     assert counted.counts.reads == 1  # shard (5, 0) does not exist: one request says so
 
 
-def test_chunk_strategy_fetches_a_shard_whole_only_for_a_batch_wanting_most_of_it() -> None:
-    counted, _ = _written()
+def test_chunk_strategy_fetches_a_shard_whole_only_for_a_batch_wanting_most_of_it(tmp_path: Path) -> None:
+    counted, _ = _written(lambda _: LocalInner(tmp_path))  # ranges: checked against their index's version
     _, arr = _open(counted, read_strategy="chunk")
     assert arr[3, 5] == DATA[3, 5]
     assert counted.counts.reads == 2  # index, then the chunk
@@ -104,11 +105,15 @@ def test_chunk_strategy_fetches_a_shard_whole_only_for_a_batch_wanting_most_of_i
     assert counted.counts.reads == 1 and not counted.counts.writes
 
 
-def test_auto_fetches_whole_shards_on_remote_stores_only() -> None:
-    local, _ = _written()
+def test_auto_fetches_whole_shards_on_remote_stores_only(tmp_path: Path) -> None:
+    local, _ = _written(lambda _: LocalInner(tmp_path))
     _, arr = _open(local)
     assert arr[3, 5] == DATA[3, 5]
-    assert local.counts.reads == 2  # a mapping in memory: ranges
+    assert local.counts.reads == 2  # local files, read once: ranges
+    memory, _ = _written()
+    _, arr = _open(memory)
+    assert arr[3, 5] == DATA[3, 5]
+    assert memory.counts.reads == 1  # in memory: the whole shard, one consistent read
     remote, _ = _written(RemoteMapping)
     _, arr = _open(remote)
     assert arr[3, 5] == DATA[3, 5]

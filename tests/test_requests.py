@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -10,11 +11,14 @@ import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
 from shardstore import ShardFormatError, ShardingStore
+from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
 
 
 def _setup(cps: tuple[int, ...] = (4, 4)) -> tuple[ShardingStore, CountingInner, zarr.Array]:
-    counted = CountingInner({})
+    # a local directory: range reads there are checked against their index's version
+    # (in memory, where they cannot be, shards are read whole)
+    counted = CountingInner(LocalInner(tempfile.mkdtemp(prefix="requests-")))
     store = ShardingStore(counted, chunks_per_shard=cps)
     arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2", compressors=None)
     return store, counted, arr

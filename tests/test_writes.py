@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,10 @@ def _array(store: ShardingStore, name: str = "a", **kwargs: Any) -> zarr.Array:
 
 
 def _counted_array_of_ones() -> tuple[ShardingStore, CountingInner, zarr.Array]:
-    """A store over a counted dict holding an array of ones; counts start afterwards."""
-    counted = CountingInner({})
-    store = ShardingStore(counted, chunks_per_shard=CPS)
+    """A store over a counted local directory holding an array of ones (ranges read
+    there, where they are checked against their index's version); counts start afterwards."""
+    counted = CountingInner(LocalInner(tempfile.mkdtemp(prefix="writes-")))
+    store = ShardingStore(counted, chunks_per_shard=CPS, read_strategy="chunk")
     arr = _array(store)
     arr[:] = 1
     counted.counts.reset()

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequenc
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.errors import InnerStoreError, ShardConflictError
+from shardstore.errors import InnerStoreError, ShardConflictError, ShardStoreError
 from shardstore.inner.locks import process_lock
 
 AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
@@ -38,10 +38,11 @@ def is_temporary(name: str) -> bool:
 
 @contextlib.contextmanager
 def failure(op: str, key: str) -> Iterator[None]:
-    """Turn a storage failure into an InnerStoreError naming the operation and key."""
+    """Turn a storage failure into an InnerStoreError naming the operation and key
+    (our own errors, a damaged shard met on the way say so themselves)."""
     try:
         yield
-    except InnerStoreError:
+    except ShardStoreError:
         raise
     except Exception as exc:
         raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
@@ -95,6 +96,11 @@ class InnerStore(ABC):
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """Names directly below ``prefix`` ("" or ending in "/") that hold at least one key."""
 
+    async def temporary_files(self, prefix: str) -> list[str]:
+        """Our own hidden files under ``prefix``, by key (see :func:`is_temporary`), so
+        that maintenance can report what crashed writers left: none on most stores."""
+        return []
+
     async def update(
         self, key: str, change: Change, *, read_old: bool = True, attempts: int = DEFAULT_ATTEMPTS
     ) -> None:
@@ -144,6 +150,11 @@ class InnerStore(ABC):
     conditional_writes = False
     """Whether :meth:`write_if` checks the version: several processes may then write
     one object (S3 ``If-Match``); otherwise only this process's writers take turns."""
+
+    versioned_ranges = False
+    """Whether a range read can be checked against the version of the object its index
+    was read from (local files by stat, S3 by If-Match). Elsewhere an index and a
+    range read later may come from two different versions of a shard."""
 
     remote = False
     """Whether each request costs a network round trip (object stores, HTTP): then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import uuid
@@ -66,6 +67,7 @@ class LocalInner(InnerStore):
             return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
 
     supports_versions = True
+    versioned_ranges = True
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
@@ -138,7 +140,8 @@ class LocalInner(InnerStore):
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
         try:
             for attempt in range(3):  # a concurrent delete may prune the directory we just made
-                path.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):  # made meanwhile (see file_lock)
+                    path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     with open(tmp, "wb") as f:
                         f.write(value)
@@ -278,3 +281,17 @@ class LocalInner(InnerStore):
             names = await asyncio.to_thread(self._children, prefix)
         for name in names:
             yield name
+
+    async def temporary_files(self, prefix: str) -> list[str]:
+        def walk() -> list[str]:
+            top = self._path(prefix.rpartition("/")[0])
+            found = (
+                Path(folder, name).relative_to(self.root).as_posix()
+                for folder, _, names in os.walk(top)
+                for name in names
+                if is_temporary(name)
+            )
+            return sorted(key for key in found if key.startswith(prefix))
+
+        with failure("list", prefix):
+            return await asyncio.to_thread(walk)

@@ -77,7 +77,10 @@ def file_lock(path: Path) -> Iterator[None]:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
-            lock.parent.mkdir(parents=True, exist_ok=True)
+            # Path.mkdir(parents=True) can raise FileExistsError when another writer
+            # creates the directory meanwhile (or prunes it): look again either way
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
+                lock.parent.mkdir(parents=True, exist_ok=True)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -55,6 +55,7 @@ def _is_conflict(exc: BaseException) -> bool:
 
 class S3Inner(FsspecInner):
     conditional_writes = True
+    versioned_ranges = True
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
