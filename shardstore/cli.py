@@ -7,43 +7,75 @@ Stores are given as fsspec URLs (``file:///data/x.zarr``, ``s3://bucket/x.zarr``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
+from importlib.metadata import version
 from typing import Any
 
 from shardstore.errors import ShardingConfigError, ShardStoreError
 
 
-def _options(text: str | None) -> dict[str, Any] | None:
-    return json.loads(text) if text else None
+def _json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a bad value is a usage error (exit 2), not a traceback."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("not a JSON object")
+    return value
+
+
+_ROOT_DOCUMENTS = ("zarr.json", ".zgroup", ".zarray")
 
 
 def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The store at ``args.url``, which must hold a zarr hierarchy (a root node, as
+    ``zarr.open`` needs): a wrong path is an error, never an empty report."""
+    from zarr.core.sync import sync
+
     from shardstore.store import ShardingStore
 
-    return ShardingStore(args.url, storage_options=_options(args.storage_options), **kwargs)
+    store = ShardingStore(args.url, storage_options=args.storage_options, **kwargs)
+
+    async def root_found() -> bool:
+        return any(await asyncio.gather(*(store.exists(name) for name in _ROOT_DOCUMENTS)))
+
+    if not sync(root_found()):
+        raise ShardStoreError(
+            f"no zarr hierarchy at {args.url!r} (no {', '.join(_ROOT_DOCUMENTS)} at its root)"
+        )
+    return store
+
+
+def _warn_damaged(damaged: dict[str, str], consequence: str) -> int:
+    """Name each damaged shard on stderr; the exit status: 1 if any."""
+    for key in sorted(damaged):  # each problem names its shard
+        print(f"warning: {damaged[key]}; {consequence}", file=sys.stderr)
+    if damaged:
+        print(f"{len(damaged)} damaged shard(s); `shardstore verify` lists every problem", file=sys.stderr)
+    return 1 if damaged else 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from zarr.core.sync import sync
+    from shardstore.maintenance import list_keys
 
-    store = _store(args, read_only=True)
-
-    async def keys() -> list[str]:
-        return sorted([k async for k in store.list_prefix(args.prefix)])
-
-    for key in sync(keys()):
+    keys, damaged = list_keys(_store(args, read_only=True), args.prefix)
+    for key in keys:
         print(key)
-    return 0
+    return _warn_damaged(damaged, "its chunks are not listed")
 
 
 def _info(args: argparse.Namespace) -> int:
     from shardstore.maintenance import info
 
     reports = info(_store(args, read_only=True), args.prefix)
+    damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
-        return 0
+        return _warn_damaged(damaged, "its chunks and dead bytes are not counted")
     print(
         f"{'array':<30} {'sharded':>12} {'shards':>7} {'chunks':>13} {'fill':>6} {'bytes':>14} {'dead':>12}"
     )
@@ -52,16 +84,31 @@ def _info(args: argparse.Namespace) -> int:
         print(
             f"{r.path or '/':<30} {cps:>12} {r.shards:>7} {r.chunks:>6}/{r.grid_chunks:<6} "
             f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,}"
+            + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
         )
-    return 0
+    return _warn_damaged(damaged, "its chunks and dead bytes are not counted")
+
+
+def _progress(what: str, done: int, total: int) -> None:
+    if not sys.stderr.isatty():  # a log wants the outcome, not a counter
+        return
+    print(
+        f"\rchecking {what}: {done:,}/{total:,}",
+        end="" if done < total else "\n",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import verify
+    from shardstore.maintenance import leftovers, verify
 
-    damaged = verify(_store(args, read_only=True), args.prefix, decode=args.decode)
+    store = _store(args, read_only=True)
+    damaged = verify(store, args.prefix, decode=args.decode, progress=_progress)
     for key, problem in sorted(damaged.items()):
         print(f"DAMAGED {key}: {problem}")
+    for key, what in sorted(leftovers(store, args.prefix).items()):
+        print(f"LEFTOVER {key}: {what}")
     print(f"{len(damaged)} damaged object(s)" if damaged else "all shards intact", file=sys.stderr)
     return 1 if damaged else 0
 
@@ -69,11 +116,12 @@ def _verify(args: argparse.Namespace) -> int:
 def _compact(args: argparse.Namespace) -> int:
     from shardstore.maintenance import compact
 
-    done = compact(_store(args), args.prefix)
+    reports = compact(_store(args), args.prefix)
+    done = [r for r in reports if r.damage is None]
     for report in done:
         print(f"compacted {report.key}: {report.dead_bytes:,} dead bytes removed", file=sys.stderr)
     print(f"{len(done)} shard(s) compacted, {sum(r.dead_bytes for r in done):,} bytes freed")
-    return 0
+    return _warn_damaged({r.key: r.damage for r in reports if r.damage is not None}, "left as it is")
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -88,11 +136,11 @@ def _convert(args: argparse.Namespace) -> int:
         raise ShardingConfigError(
             f"--chunks-per-shard {args.chunks_per_shard!r} is not a comma-separated list of integers"
         ) from None
-    src = ShardingStore(args.src, storage_options=_options(args.storage_options), read_only=True)
+    src = ShardingStore(args.src, storage_options=args.storage_options, read_only=True)
     dst = ShardingStore(
         args.dst,
         cps,
-        storage_options=_options(args.dst_storage_options),
+        storage_options=args.dst_storage_options,
         layout=args.layout,
         index_location=args.index_location,
         index_checksum=args.index_checksum,
@@ -117,6 +165,7 @@ def _layout(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shardstore", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('shardstore')}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="write a sample array sharded and unsharded, compare")
     demo.add_argument("--dir", help="where to write (default: a temporary directory)")
@@ -130,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("url", help="the store, as an fsspec URL")
         cmd.add_argument("prefix", nargs="?", default="", help="only keys under this prefix")
-        cmd.add_argument("--storage-options", help="JSON object of file-system options")
+        cmd.add_argument("--storage-options", type=_json_object, help="JSON object of file-system options")
         if name == "info":
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "verify":
@@ -145,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--layout", choices=["transformer", "codec"], default="transformer")
     conv.add_argument("--index-location", choices=["end", "start"], default="end")
     conv.add_argument("--index-checksum", action="store_true", help="crc32c over each shard index")
-    conv.add_argument("--storage-options", help="JSON object of the source's file-system options")
-    conv.add_argument("--dst-storage-options", help="JSON object of the destination's file-system options")
+    conv.add_argument(
+        "--storage-options", type=_json_object, help="JSON object of the source's file-system options"
+    )
+    conv.add_argument(
+        "--dst-storage-options",
+        type=_json_object,
+        help="JSON object of the destination's file-system options",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from shardstore.demo import run_demo
@@ -165,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     except ShardStoreError as exc:
         print(f"shardstore {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``| head``): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 0
 
 
 if __name__ == "__main__":

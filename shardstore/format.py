@@ -32,6 +32,7 @@ __all__ = [
     "encode_index",
     "index_problem",
     "parse_shard",
+    "shard_problems",
     "split_shard",
 ]
 
@@ -109,40 +110,106 @@ def decode_index(layout: ShardLayout, raw: bytes | memoryview, key: str) -> Shar
     return index
 
 
-_MAX_OFFSET = np.uint64(2**53)
+_IMPOSSIBLE = 2**53
 """No real shard reaches 8 PiB (S3 objects stop at 5 TiB): an entry beyond is damage,
 refused before any range is requested or any sum can overflow."""
+_SHOWN = 4
+"""Entries named per problem; the rest are counted."""
+
+
+def shard_problems(layout: ShardLayout, blob: bytes, chunk_nbytes: int | None = None) -> list[str]:
+    """Everything structurally wrong with one shard object, each distinct problem once,
+    naming its entries (empty: intact). ``chunk_nbytes``: the size every encoded chunk
+    of the array has, where its codecs fix one (no compression)."""
+    if len(blob) < layout.index_nbytes:
+        return [f"truncated: {len(blob)} bytes, shorter than the {layout.index_nbytes}-byte index alone"]
+    raw = blob[layout.index_slice(len(blob))]
+    entries = np.frombuffer(raw, dtype="<u8", count=2 * layout.n_chunks).reshape(-1, 2).astype(np.uint64)
+    problems = []
+    if encode_index(layout, entries) != raw:
+        problems.append("index checksum mismatch: the index bytes are damaged")
+    return problems + _entry_problems(layout, entries, len(blob), chunk_nbytes)
+
+
+def _entry_problems(
+    layout: ShardLayout, index: ShardIndex, nbytes: int, chunk_nbytes: int | None
+) -> list[str]:
+    offsets, sizes = index[:, 0], index[:, 1]
+    present = offsets != MISSING
+    half = present != (sizes != MISSING)
+    impossible = present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+    sane = present & ~half & ~impossible
+    ends = np.where(sane, offsets, 0) + np.where(sane, sizes, 0)  # no overflow: both below 2**53
+    lo, hi = layout.data_bounds(nbytes)
+    past_end = sane & (ends > nbytes)
+    empty = sane & (sizes == 0)
+    rules = [
+        (half, "entries with only one of offset/nbytes marked empty"),
+        (impossible, f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes)"),
+        (past_end, f"truncated: the object ({nbytes} bytes) is shorter than its index says"),
+        (sane & ~past_end & ((offsets < lo) | (ends > hi)), f"ranges into the index (data: [{lo}, {hi}))"),
+        (empty, "zero-length entries: no codec decodes an empty chunk"),
+    ]
+    if chunk_nbytes is not None:
+        every = f"every chunk of this array encodes to {chunk_nbytes} bytes"
+        rules.append((sane & ~empty & (sizes < chunk_nbytes), f"short entries ({every})"))
+        rules.append((sane & (sizes > chunk_nbytes), f"long entries ({every})"))
+    named = [f"{what}: {_entries(index, mask)}" for mask, what in rules if mask.any()]
+    return named + _overlaps(index, np.flatnonzero(sane & ~empty))
+
+
+def _entry(index: ShardIndex, position: int) -> str:
+    return f"chunk {position} (offset {int(index[position, 0])}, nbytes {int(index[position, 1])})"
+
+
+def _listed(shown: list[str], total: int) -> str:
+    """The first few of ``total`` findings, and how many more."""
+    return ", ".join(shown[:_SHOWN]) + (f" and {total - _SHOWN} more" if total > _SHOWN else "")
+
+
+def _entries(index: ShardIndex, mask: npt.NDArray[np.bool_]) -> str:
+    where = np.flatnonzero(mask)
+    return _listed([_entry(index, int(p)) for p in where[:_SHOWN]], len(where))
+
+
+def _overlaps(index: ShardIndex, positions: npt.NDArray[np.intp]) -> list[str]:
+    """Chunks whose ranges share bytes with an earlier one's (each chunk owns its bytes)."""
+    if len(positions) < 2:
+        return []
+    order = positions[np.lexsort((index[positions, 1], index[positions, 0]))]
+    starts = index[order, 0]
+    ends = starts + index[order, 1]
+    reach = np.maximum.accumulate(ends)
+    # the chunk reaching furthest so far: the one a later start runs into
+    furthest = np.maximum.accumulate(np.where(ends == reach, np.arange(len(order)), 0))
+    hits = np.flatnonzero(starts[1:] < reach[:-1]) + 1
+    kinds: dict[str, list[tuple[int, int]]] = {"duplicated entries": [], "overlapping ranges": []}
+    for i in hits:
+        a, b = int(order[furthest[i - 1]]), int(order[i])
+        kinds["duplicated entries" if (index[a] == index[b]).all() else "overlapping ranges"].append((a, b))
+    return [
+        f"{what}: "
+        + _listed([f"{_entry(index, a)} and {_entry(index, b)}" for a, b in found[:_SHOWN]], len(found))
+        for what, found in kinds.items()
+        if found
+    ]
 
 
 def index_problem(index: ShardIndex) -> str | None:
-    """What makes an index inconsistent in itself, whatever the shard's size: an entry
-    with one field marked empty, an absurdly large range, or ranges of two chunks
-    that overlap (each chunk has bytes of its own). None: consistent."""
-    offsets, nbytes = index[:, 0], index[:, 1]
+    """What makes an index inconsistent in itself, whatever the shard's size (None:
+    nothing): an entry with one field marked empty, an absurdly large range, or
+    ranges of two chunks sharing bytes (each chunk owns its bytes). Empty chunks
+    are data here; :func:`shard_problems` also judges them, and the object's size."""
+    offsets, sizes = index[:, 0], index[:, 1]
     present = offsets != MISSING
-    half_empty = present != (nbytes != MISSING)
-    if half_empty.any():
-        pos = int(np.flatnonzero(half_empty)[0])
-        return (
-            f"index entry {pos} has only one of offset/nbytes marked empty "
-            f"({int(offsets[pos])}, {int(nbytes[pos])})"
-        )
-    huge = present & ((offsets >= _MAX_OFFSET) | (nbytes >= _MAX_OFFSET))
-    if huge.any():
-        pos = int(np.flatnonzero(huge)[0])
-        return f"chunk {pos} has an impossible range (offset {int(offsets[pos])}, nbytes {int(nbytes[pos])})"
-    where = np.flatnonzero(present)
-    if len(where) > 1:
-        order = where[np.lexsort((nbytes[where], offsets[where]))]
-        ends = offsets[order] + nbytes[order]
-        overlap = np.flatnonzero(offsets[order][1:] < ends[:-1])
-        if len(overlap):
-            a, b = int(order[overlap[0]]), int(order[overlap[0] + 1])
-            return (
-                f"chunks {a} and {b} overlap (bytes [{int(offsets[a])}, {int(offsets[a] + nbytes[a])}) and "
-                f"[{int(offsets[b])}, {int(offsets[b] + nbytes[b])}))"
-            )
-    return None
+    half = present != (sizes != MISSING)
+    impossible = present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+    if half.any():
+        return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
+    if impossible.any():
+        return f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
+    overlaps = _overlaps(index, np.flatnonzero(present & (sizes > 0)))
+    return overlaps[0] if overlaps else None
 
 
 def check_ranges(layout: ShardLayout, index: ShardIndex, shard_nbytes: int, key: str) -> None:

@@ -1,22 +1,33 @@
-"""Looking after shards: what they hold, how much of them is dead, and compaction.
+"""Looking after shards: what they hold, how much of them is dead, whether they are
+intact, and compaction.
 
 Appending (``write_strategy="append"``) leaves replaced chunk bytes and old
 indices in a shard as dead bytes; :func:`compact` rewrites the shards that
 carry any as compact objects.
+
+Every tool here goes on past a damaged shard and says which it was: figures are
+taken only from indices that are consistent (with themselves and with the
+object's size), so none is ever garbage. :func:`verify` states every problem of
+every shard, where reads stop at the first.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zarr.api.asynchronous
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from shardstore.errors import ShardFormatError
-from shardstore.format import MISSING, ShardIndex, ShardLayout, split_shard
+from shardstore.errors import InnerStoreError, ShardFormatError
+from shardstore.format import MISSING, ShardIndex, check_ranges, parse_shard, shard_problems
 from shardstore.keys import join_path
+from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, load_document
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress
@@ -29,11 +40,18 @@ __all__ = [
     "compact_async",
     "info",
     "info_async",
+    "leftovers",
+    "leftovers_async",
+    "list_keys",
+    "list_keys_async",
     "shard_reports",
     "shard_reports_async",
     "verify",
     "verify_async",
 ]
+
+Progress = Callable[[str, int, int], None]
+"""Called with what is being done ("shards" checked, "chunks" decoded), how many so far, of how many."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,9 @@ class ShardReport:
     """Bytes its index points at (shared ranges counted once)."""
     dead_bytes: int
     """Bytes neither index nor live chunk: replaced chunks, old indices."""
+    damage: str | None = None
+    """Why the index cannot be trusted; then nothing is counted from it (chunks, live and
+    dead bytes 0) and the shard is never compacted: see :func:`verify`."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,40 +89,109 @@ def live_bytes(index: ShardIndex) -> int:
     return int((run_ends - starts[new_run]).sum())
 
 
-def _report(key: str, array: str, layout: ShardLayout, index: ShardIndex, nbytes: int) -> ShardReport:
-    live = live_bytes(index)
-    chunks = int((index[:, 0] != MISSING).sum())
-    return ShardReport(key, array, nbytes, chunks, live, max(nbytes - layout.index_nbytes - live, 0))
+# -- reading indices past damage -------------------------------------------------------
+
+_Read = ShardIndex | ShardFormatError | None
+"""A shard's index, why it cannot be trusted, or None: the shard is gone."""
 
 
-async def _survey(store: ShardingStore, prefix: str) -> list[tuple[ShardAddress, ShardReport]]:
-    shards, _ = await store._scan(prefix)
-    indices, sizes = await asyncio.gather(
-        store._reader.read_indices(shards), asyncio.gather(*(store._inner.getsize(s.key) for s in shards))
-    )
+async def _read_indices(store: ShardingStore, shards: list[ShardAddress]) -> list[_Read]:
+    """Fresh indices in one batch; if a damaged shard fails the batch, each is read
+    alone, so that a damaged shard costs only itself."""
+    try:
+        return list(await store._reader.read_indices(shards))
+    except ShardFormatError:
+        return list(await asyncio.gather(*(_read_index(store, s) for s in shards)))
+
+
+async def _read_index(store: ShardingStore, shard: ShardAddress) -> _Read:
+    try:
+        (index,) = await store._reader.read_indices([shard])
+    except ShardFormatError as exc:
+        return exc
+    return index
+
+
+@dataclass(frozen=True, eq=False)
+class _Surveyed:
+    shard: ShardAddress
+    report: ShardReport
+    index: ShardIndex | None
+    """None where damaged."""
+
+
+async def _survey(store: ShardingStore, shards: list[ShardAddress]) -> list[_Surveyed]:
+    # Sizes after indices: a concurrent append then only adds dead bytes, never a
+    # range past the size read.
+    indices = await _read_indices(store, shards)
+    sizes = await asyncio.gather(*(store._inner.getsize(s.key) for s in shards))
     return [
-        (s, _report(s.key, s.info.path, s.layout, index, size))
+        _surveyed(s, index, size)
         for s, index, size in zip(shards, indices, sizes, strict=True)
         if index is not None and size is not None
     ]
 
 
+def _surveyed(shard: ShardAddress, index: ShardIndex | ShardFormatError, nbytes: int) -> _Surveyed:
+    """The shard's report, its figures from a consistent index only (an index past the
+    end of the object would make dead bytes negative or absurd)."""
+    problem = _inconsistency(shard, index, nbytes)
+    if problem is not None or isinstance(index, ShardFormatError):
+        return _Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, 0, 0, 0, problem), None)
+    live = live_bytes(index)
+    chunks = int((index[:, 0] != MISSING).sum())
+    dead = nbytes - shard.layout.index_nbytes - live
+    return _Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, chunks, live, dead), index)
+
+
+def _inconsistency(shard: ShardAddress, index: ShardIndex | ShardFormatError, nbytes: int) -> str | None:
+    if isinstance(index, ShardFormatError):
+        return str(index)
+    try:
+        check_ranges(shard.layout, index, nbytes, shard.key)
+    except ShardFormatError as exc:
+        return str(exc)
+    return None
+
+
+async def list_keys_async(store: ShardingStore, prefix: str = "") -> tuple[list[str], dict[str, str]]:
+    """The logical keys under ``prefix`` as zarr sees them (sorted), and the shards
+    whose chunks could not be listed (key -> why): a listing that goes on past them."""
+    shards, plain = await store._scan(prefix)
+    keys, damaged = list(plain), {}
+    for shard, index in zip(shards, await _read_indices(store, shards), strict=True):
+        if isinstance(index, ShardFormatError):
+            damaged[shard.key] = str(index)
+        elif index is not None:
+            keys.extend(k for _, k in shard.present_keys(index) if k.startswith(prefix))
+    return sorted(keys), damaged
+
+
 async def shard_reports_async(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
-    """One report per shard object under ``prefix``."""
-    return [report for _, report in await _survey(store, prefix)]
+    """One report per shard object under ``prefix`` (damaged ones with ``damage`` set)."""
+    shards, _ = await store._scan(prefix)
+    return [s.report for s in await _survey(store, shards)]
 
 
 async def compact_async(
     store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1
 ) -> list[ShardReport]:
-    """Rewrite every shard under ``prefix`` with at least ``min_dead_bytes`` dead bytes.
+    """Rewrite every intact shard under ``prefix`` with at least ``min_dead_bytes`` dead bytes.
 
-    Returns the reports of the shards rewritten, as they were before.
+    Returns the reports of the shards rewritten, as they were before, and of the
+    damaged shards, left as they are (``damage`` set): rewriting one would keep
+    only what its broken index points at.
     """
     store._check_writable()
-    doomed = [(s, r) for s, r in await _survey(store, prefix) if r.dead_bytes >= min_dead_bytes]
-    await asyncio.gather(*(store._writer.compact(s) for s, _ in doomed))
-    return [r for _, r in doomed]
+    shards, _ = await store._scan(prefix)
+    surveyed = await _survey(store, shards)
+    doomed = [s for s in surveyed if s.index is not None and s.report.dead_bytes >= min_dead_bytes]
+    await asyncio.gather(*(store._writer.compact(s.shard) for s in doomed))
+    return [s.report for s in doomed] + [s.report for s in surveyed if s.index is None]
+
+
+def list_keys(store: ShardingStore, prefix: str = "") -> tuple[list[str], dict[str, str]]:
+    return sync(list_keys_async(store, prefix))
 
 
 def shard_reports(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
@@ -112,6 +202,9 @@ def compact(store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1) 
     return sync(compact_async(store, prefix, min_dead_bytes=min_dead_bytes))
 
 
+# -- info ------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ArrayReport:
     path: str
@@ -120,10 +213,14 @@ class ArrayReport:
     grid_chunks: int
     """Chunks in the array's chunk grid."""
     chunks: int
-    """Chunks present (in shard indices, or as objects for an unsharded array)."""
+    """Chunks present (in intact shards' indices, or as objects for an unsharded array)."""
     shards: int
     stored_bytes: int
     dead_bytes: int
+    """In intact shards."""
+    damaged: dict[str, str] = field(default_factory=dict)
+    """Shards whose index cannot be trusted (key -> why): counted in ``shards`` and
+    ``stored_bytes`` only."""
 
     @property
     def fill_ratio(self) -> float:
@@ -135,64 +232,248 @@ class ArrayReport:
 
 async def info_async(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
     """Per array under ``prefix``: shards, chunks present, fill ratio, stored and dead bytes."""
-    keys = [k async for k in store.list_prefix(prefix)]
-    arrays = sorted({k.rpartition("/")[0] for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zarray")})
-    survey = await _survey(store, prefix)
+    shards, plain = await store._scan(prefix)
+    surveyed = await _survey(store, shards)
+    arrays = sorted({k.rpartition("/")[0] for k in plain if k.rpartition("/")[2] in ARRAY_DOC_NAMES})
     reports = []
     for path in arrays:
         info = await store._catalog.lookup(path)
-        if info is None:
-            continue
-        mine = [r for s, r in survey if s.info.path == path]
-        chunk_keys = [k for k in keys if info.coords(k) is not None]
-        sizes = [r.nbytes for r in mine] if info.layout else [await store.getsize(k) for k in chunk_keys]
-        reports.append(
-            ArrayReport(
-                path=path,
-                sharded=info.layout is not None,
-                chunks_per_shard=list(info.layout.chunks_per_shard) if info.layout else None,
-                grid_chunks=int(np.prod(info.grid_shape)),
-                chunks=len(chunk_keys),
-                shards=len(mine),
-                stored_bytes=int(sum(sizes)),
-                dead_bytes=sum(r.dead_bytes for r in mine),
+        if info is not None:
+            mine = [s for s in surveyed if s.shard.info.path == path]
+            reports.append(
+                await _array_report(store, info, mine, [k for k in plain if info.coords(k) is not None])
             )
-        )
     return reports
 
 
-async def verify_async(store: ShardingStore, prefix: str = "", *, decode: bool = False) -> dict[str, str]:
-    """Check every shard's index and chunk ranges (and, with ``decode``, decode every
-    chunk through zarr). Returns damaged key -> what is wrong (empty: all is well)."""
-    damaged: dict[str, str] = {}
-    shards, _ = await store._scan(prefix)
-    for shard in shards:
-        blob = await store._inner.get(shard.key)
-        try:
-            split_shard(shard.layout, blob or b"", shard.key)
-        except ShardFormatError as exc:
-            damaged[shard.key] = str(exc)
-    if decode:
-        import zarr
-
-        for report in await info_async(store, prefix):
-            arr = await zarr.api.asynchronous.open_array(store=store, path=report.path, mode="r")
-            array = await store._catalog.lookup(report.path)
-            async for key in store.list_prefix(join_path(report.path, "")):
-                coords = None if array is None else array.coords(key)
-                if coords is None:
-                    continue
-                region = tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, arr.chunks, strict=True))
-                try:
-                    await arr.getitem(region)
-                except Exception as exc:
-                    damaged.setdefault(key, f"chunk {key!r} does not decode: {type(exc).__name__}: {exc}")
-    return damaged
+async def _array_report(
+    store: ShardingStore, info: ArrayInfo, shards: list[_Surveyed], chunk_keys: list[str]
+) -> ArrayReport:
+    """``chunk_keys``: the array's chunk objects, if it is unsharded."""
+    objects = await asyncio.gather(*(store.getsize(k) for k in chunk_keys))
+    return ArrayReport(
+        path=info.path,
+        sharded=info.layout is not None,
+        chunks_per_shard=list(info.layout.chunks_per_shard) if info.layout else None,
+        grid_chunks=int(np.prod(info.grid_shape)),
+        chunks=len(chunk_keys)
+        + sum(len(s.shard.present_keys(s.index)) for s in shards if s.index is not None),
+        shards=len(shards),
+        stored_bytes=sum(s.report.nbytes for s in shards) + sum(objects),
+        dead_bytes=sum(s.report.dead_bytes for s in shards),
+        damaged={s.report.key: s.report.damage for s in shards if s.report.damage is not None},
+    )
 
 
 def info(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
     return sync(info_async(store, prefix))
 
 
-def verify(store: ShardingStore, prefix: str = "", *, decode: bool = False) -> dict[str, str]:
-    return sync(verify_async(store, prefix, decode=decode))
+# -- verify: the structural rules --------------------------------------------------------
+
+_SIZE_PRESERVING = {"bytes": 0, "transpose": 0, "crc32c": 4}
+"""v3 codecs whose output size follows from their input's: the bytes each adds."""
+
+
+def _encoded_chunk_nbytes(doc: Document, info: ArrayInfo) -> int | None:
+    """The size of every encoded chunk where the array's codecs fix one (nothing
+    compresses), from the metadata document zarr reads; None where sizes vary."""
+    if info.itemsize is None:
+        return None
+    if doc.get("zarr_format") == 2:
+        added = None if doc.get("compressor") or doc.get("filters") else 0
+    else:
+        added = _added_bytes(doc.get("codecs") or [])
+    return None if added is None else math.prod(info.chunks) * info.itemsize + added
+
+
+def _added_bytes(codecs: list[Any]) -> int | None:
+    """What v3 codecs add to a chunk's raw bytes, where that is fixed."""
+    names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
+    added = [_SIZE_PRESERVING.get(n) if isinstance(n, str) else None for n in names]
+    return sum(a for a in added if a is not None) if names and None not in added else None
+
+
+async def _chunk_nbytes(store: ShardingStore, info: ArrayInfo) -> int | None:
+    for name in ARRAY_DOC_NAMES:  # zarr.json first, as zarr reads them
+        raw = await store.get(join_path(info.path, name), default_buffer_prototype())
+        doc = None if raw is None else load_document(raw.to_bytes())
+        if doc is not None:
+            return _encoded_chunk_nbytes(doc, info)
+    return None
+
+
+# -- verify: leftovers -----------------------------------------------------------------
+
+_LEFTOVERS = {
+    "appending": "append journal of {obj!r}: an append to it is running, or crashed; shardstore "
+    "serves the shard as committed and the next write to it repairs it",
+    "lock": "lock file of {obj!r}: a writer of it is running, or died holding it; the next writer "
+    "takes it over and removes it",
+    "partial": "temporary file of a write to {obj!r} that is running, or died before its rename: "
+    "never read; delete it when no writer runs",
+}
+
+
+def _owner(hidden: str) -> tuple[str, str]:
+    """(object key, kind) of one of the hidden files beside objects: ``.<name>.appending``,
+    ``.<name>.lock``, ``.<name>.<32 hex>.partial``."""
+    folder, _, name = hidden.rpartition("/")
+    stem, _, kind = name.rpartition(".")
+    if kind == "partial":
+        stem = stem.rpartition(".")[0]
+    return join_path(folder, stem[1:]), kind
+
+
+async def leftovers_async(store: ShardingStore, prefix: str = "") -> dict[str, str]:
+    """Hidden files writers keep beside objects under ``prefix`` (local directories),
+    key -> what it is. Running writers have them too; what a crash leaves stays until
+    the object's next write (a partial write until deleted). Never damage by itself."""
+    found = await store._inner.temporary_files(prefix)
+    return {hidden: _LEFTOVERS[kind].format(obj=obj) for hidden in found for obj, kind in [_owner(hidden)]}
+
+
+def leftovers(store: ShardingStore, prefix: str = "") -> dict[str, str]:
+    return sync(leftovers_async(store, prefix))
+
+
+# -- verify ----------------------------------------------------------------------------
+
+_VERIFY_BATCH = 16
+"""Whole shards read at once while verifying: requests in flight, memory bounded."""
+_DECODE_BATCH = 64
+"""Chunks of an unsharded array decoded at once."""
+_Chunks = tuple[ArrayInfo, str | None, list[str]]
+"""Chunk keys of one array decoded together: one shard's (and its key), or a batch of
+chunk objects (None)."""
+
+
+async def verify_async(
+    store: ShardingStore, prefix: str = "", *, decode: bool = False, progress: Progress | None = None
+) -> dict[str, str]:
+    """Check every shard under ``prefix`` against every structural rule and, with
+    ``decode``, decode every chunk through zarr. Returns damaged key -> every problem
+    found in it (empty: all is well); a damaged shard never stops the run. A torn tail
+    left by a crashed append is damage (to any reader but shardstore); other
+    leftovers are :func:`leftovers`."""
+    shards, plain = await store._scan(prefix)
+    damaged, readable = await _check_shards(store, shards, prefix, progress)
+    if decode:
+        failed = await _undecodable(store, readable + await _plain_chunks(store, plain), progress)
+        for key, problem in failed.items():  # a chunk key may also be the key of a shard
+            damaged[key] = f"{damaged[key]}; {problem}" if key in damaged else problem
+    return damaged
+
+
+async def _check_shards(
+    store: ShardingStore, shards: list[ShardAddress], prefix: str, progress: Progress | None
+) -> tuple[dict[str, str], list[_Chunks]]:
+    """Damaged shards (key -> problems), and the chunks that reads can locate."""
+    hidden = map(_owner, await store._inner.temporary_files(prefix))
+    journaled = {obj for obj, kind in hidden if kind == "appending"}
+    arrays = {s.info.path: s.info for s in shards}
+    sizes = {path: await _chunk_nbytes(store, info) for path, info in arrays.items()}
+    damaged: dict[str, str] = {}
+    readable: list[_Chunks] = []
+    for start in range(0, len(shards), _VERIFY_BATCH):
+        batch = shards[start : start + _VERIFY_BATCH]
+        checked = await asyncio.gather(
+            *(_check_shard(store, s, sizes[s.info.path], s.key in journaled) for s in batch)
+        )
+        for shard, (problems, keys) in zip(batch, checked, strict=True):
+            if problems:
+                damaged[shard.key] = "shard: " + "; ".join(problems)
+            readable.append((shard.info, shard.key, keys))
+        if progress is not None:
+            progress("shards", start + len(batch), len(shards))
+    return damaged, readable
+
+
+async def _check_shard(
+    store: ShardingStore, shard: ShardAddress, chunk_nbytes: int | None, journaled: bool
+) -> tuple[list[str], list[str]]:
+    """One shard's problems, and the keys of the chunks that reads can locate in it."""
+    # The size first: an append between the two only makes the shard read longer.
+    size = await store._inner.getsize(shard.key) if journaled else None
+    blob = await store._inner.get(shard.key)  # as committed
+    if blob is None:
+        return [], []
+    problems = shard_problems(shard.layout, blob, chunk_nbytes)
+    if size is not None and size > len(blob):
+        problems.append(
+            f"torn tail: a crashed append left {size - len(blob)} bytes after the committed "
+            f"{len(blob)}-byte shard (its journal says so); shardstore serves the shard as committed "
+            "and its next write (or compact) repairs it, other readers see a damaged shard until then"
+        )
+    try:
+        index = parse_shard(shard.layout, blob, shard.key)
+    except ShardFormatError as exc:  # reads refuse it: damage, whether or not a rule above names it
+        return problems or [str(exc)], []
+    return problems, [key for _, key in shard.present_keys(index)]
+
+
+async def _plain_chunks(store: ShardingStore, keys: list[str]) -> list[_Chunks]:
+    """The chunk objects of unsharded arrays among ``keys``, grouped by array."""
+    by_array: dict[str, _Chunks] = {}
+    for key in keys:
+        info = await store._catalog.array_for_key(key)
+        coords = None if info is None else info.coords(key)
+        if info is not None and coords is not None and info.in_grid(coords):
+            by_array.setdefault(info.path, (info, None, []))[2].append(key)
+    return [
+        (info, None, found[i : i + _DECODE_BATCH])
+        for info, _, found in by_array.values()
+        for i in range(0, len(found), _DECODE_BATCH)
+    ]
+
+
+async def _undecodable(
+    store: ShardingStore, groups: list[_Chunks], progress: Progress | None
+) -> dict[str, str]:
+    """What zarr cannot decode, every one: chunk key (or array, if zarr cannot open it) -> why."""
+    arrays: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    done, total = 0, sum(len(keys) for _, _, keys in groups)
+    for info, shard, keys in groups:
+        if info.path not in arrays:
+            arrays[info.path] = await _open_array(store, info.path)
+        arr = arrays[info.path]
+        if isinstance(arr, str):
+            failed[info.path or "/"] = arr
+        else:
+            where = "" if shard is None else f" (stored in shard {shard!r})"
+            found = await asyncio.gather(*(_decode_chunk(arr, info, key, where) for key in keys))
+            failed.update(f for f in found if f is not None)
+        done += len(keys)
+        if progress is not None:
+            progress("chunks", done, total)
+    return failed
+
+
+async def _open_array(store: ShardingStore, path: str) -> Any:
+    """The array as zarr opens it, or why zarr cannot."""
+    try:
+        return await zarr.api.asynchronous.open_array(store=store, path=path, mode="r")
+    except InnerStoreError:
+        raise  # the storage failing is no finding about the data
+    except Exception as exc:  # whatever zarr raises is a finding, not a crash
+        return f"zarr cannot open the array: {type(exc).__name__}: {exc}"
+
+
+async def _decode_chunk(arr: Any, info: ArrayInfo, key: str, where: str) -> tuple[str, str] | None:
+    coords = info.coords(key)
+    assert coords is not None
+    region = tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, info.chunks, strict=True))
+    try:
+        await arr.getitem(region)
+    except InnerStoreError:
+        raise
+    except Exception as exc:  # any codec's error is a finding about this chunk
+        return key, f"chunk{where} does not decode: {type(exc).__name__}: {exc}"
+    return None
+
+
+def verify(
+    store: ShardingStore, prefix: str = "", *, decode: bool = False, progress: Progress | None = None
+) -> dict[str, str]:
+    return sync(verify_async(store, prefix, decode=decode, progress=progress))

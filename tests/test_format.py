@@ -80,8 +80,8 @@ def test_spec_example_index_size() -> None:
 @pytest.mark.parametrize(
     ("pairs", "message"),
     [
-        ([[0, 3], [0, 3]], "chunks 0 and 1 overlap"),  # duplicated
-        ([[0, 3], [2, 1]], "chunks 0 and 1 overlap"),
+        ([[0, 3], [0, 3]], "duplicated entries: chunk 0 .* and chunk 1"),
+        ([[0, 3], [2, 1]], "overlapping ranges: chunk 0 .* and chunk 1"),
         ([[2**60, 1], [0, 3]], "impossible range"),
         ([[0, MISSING], [0, 3]], "only one of offset/nbytes"),
     ],
