@@ -12,8 +12,8 @@ was replaced since. Every other operation is plain fsspec.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
@@ -22,6 +22,8 @@ from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, failure
 from shardstore.inner.fsspec_fs import FsspecInner, past_the_end
 
 __all__ = ["S3Inner", "is_s3"]
+
+T = TypeVar("T")
 
 
 def _range_header(byte_range: ByteRequest | None) -> str | None:
@@ -53,6 +55,20 @@ def _is_conflict(exc: BaseException) -> bool:
     return _status(exc) in (409, 412)
 
 
+_IN_FLIGHT = 64
+"""GETs of one batch in flight at once (as s3fs bounds its own ``cat_ranges``)."""
+
+
+async def _bounded(reads: Iterable[Awaitable[T]]) -> list[T]:
+    gate = asyncio.Semaphore(_IN_FLIGHT)
+
+    async def gated(read: Awaitable[T]) -> T:
+        async with gate:
+            return await read
+
+    return list(await asyncio.gather(*(gated(r) for r in reads)))
+
+
 class S3Inner(FsspecInner):
     conditional_writes = True
     versioned_ranges = True
@@ -64,13 +80,12 @@ class S3Inner(FsspecInner):
         and carry ``If-Match`` where a version is expected: a chunk range located by
         an index read earlier is refused (STALE) if the shard was replaced since,
         rather than read from the new object."""
-        reads = (self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
-        return list(await asyncio.gather(*reads))
+        return await _bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]
     ) -> list[tuple[bytes | None, Hashable | None]]:
-        return list(await asyncio.gather(*(self._get_tagged(k, None, None, unless=v) for k, v in requests)))
+        return await _bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
