@@ -20,8 +20,9 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, adapt
-from shardstore.inner.base import DEFAULT_ATTEMPTS
+from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, adapt
+from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED
+from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
 
@@ -45,18 +46,12 @@ class RequestCounts:
         self.__init__()  # type: ignore[misc]
 
 
-class CountingInner(InnerStore):
+class CountingInner(DelegatingInner):
     """An inner store that counts every request passed on to the one it wraps."""
 
     def __init__(self, inner: Any, storage_options: dict[str, Any] | None = None) -> None:
-        self.inner = adapt(inner, storage_options)
+        super().__init__(adapt(inner, storage_options))
         self.counts = RequestCounts()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CountingInner) and self.inner == other.inner
-
-    def __repr__(self) -> str:
-        return f"CountingInner({self.inner!r})"
 
     def _count_reads(
         self, requests: Sequence[tuple[str, ByteRequest | None]], values: list[bytes | None]
@@ -79,32 +74,20 @@ class CountingInner(InnerStore):
         self._count_reads(requests, values)
         return values
 
-    @property
-    def supports_versions(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_versions
-
-    @property
-    def remote(self) -> bool:  # type: ignore[override]
-        return self.inner.remote
-
-    @property
-    def versioned_ranges(self) -> bool:  # type: ignore[override]
-        return self.inner.versioned_ranges
-
-    def version(self, key: str) -> Hashable | None:
-        return self.inner.version(key)
-
-    def object_size(self, version: Hashable | None) -> int | None:
-        return self.inner.object_size(version)
-
-    async def temporary_files(self, prefix: str) -> list[str]:
-        return await self.inner.temporary_files(prefix)
-
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
         results = await self.inner.get_many_versioned(requests, expected)
         self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
+        return results
+
+    async def get_many_if_modified(
+        self, requests: Sequence[tuple[str, Hashable]]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        results = await self.inner.get_many_if_modified(requests)
+        self._count_reads(
+            [(k, None) for k, _ in requests], [v if v is not NOT_MODIFIED else None for v, _ in results]
+        )
         return results
 
     async def set(self, key: str, value: bytes) -> None:
@@ -117,11 +100,7 @@ class CountingInner(InnerStore):
     ) -> None:
         def counted(old: bytes | None) -> bytes | None:
             if read_old:
-                self.counts.reads += 1
-                self.counts.read_batches += 1
-                self.counts.read_keys[key] += 1
-                self.counts.unranged_reads[key] += 1
-                self.counts.bytes_read += len(old or b"")
+                self._count_reads([(key, None)], [old])
             new = change(old)
             if new is None and (old is not None or not read_old):
                 self.counts.deletes += 1
@@ -131,10 +110,6 @@ class CountingInner(InnerStore):
             return new
 
         await self.inner.update(key, counted, read_old=read_old, attempts=attempts)
-
-    @property
-    def supports_append(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_append
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         appended = 0

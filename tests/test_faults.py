@@ -63,8 +63,9 @@ from shardstore.errors import (
     ShardStoreError,
 )
 from shardstore.format import MISSING, ShardLayout, decode_index, parse_shard, split_shard
-from shardstore.inner import STALE, UNCHANGED, InnerStore, adapt
+from shardstore.inner import STALE, UNCHANGED, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
+from shardstore.inner.delegating import DelegatingInner
 from shardstore.maintenance import compact, shard_reports
 
 # ----------------------------------------------------------------------------------------
@@ -153,13 +154,13 @@ class Commit:
     """Index positions whose chunk this commit changes."""
 
 
-class FaultyInner(InnerStore):
+class FaultyInner(DelegatingInner):
     """Forwards every request to the inner store it wraps, counting them; the planned
     one fails, is truncated, loses its acknowledgement or is torn. It also records
     every shard commit (update write or append) with the positions it changes."""
 
     def __init__(self, inner: Any, tearing: _TearingOs | None = None) -> None:
-        self.inner = adapt(inner)
+        super().__init__(adapt(inner))
         self.tearing = tearing
         self._lock = threading.Lock()
         self.mode: str | None = None
@@ -257,28 +258,6 @@ class FaultyInner(InnerStore):
         self._request("list", prefix)
         async for name in self.inner.list_dir(prefix):
             yield name
-
-    @property
-    def supports_versions(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_versions
-
-    @property
-    def remote(self) -> bool:  # type: ignore[override]
-        return self.inner.remote
-
-    @property
-    def conditional_writes(self) -> bool:  # type: ignore[override]
-        return self.inner.conditional_writes
-
-    @property
-    def lock_scope(self) -> Hashable:
-        return self.inner.lock_scope
-
-    def version(self, key: str) -> Hashable | None:
-        return self.inner.version(key)
-
-    def object_size(self, version: Hashable | None) -> int | None:
-        return self.inner.object_size(version)
 
     # -- writes ------------------------------------------------------------------------
 
