@@ -25,8 +25,8 @@ from shardstore.catalog import ArrayCatalog
 from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError, ShardingConfigError, ShardingPassthroughWarning
-from shardstore.format import ShardLayout
-from shardstore.inner import adapt, slice_range
+from shardstore.format import ShardIndex, ShardLayout
+from shardstore.inner import InnerStore, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import check_key
 from shardstore.metadata import (
@@ -234,6 +234,41 @@ class ShardingStore(Store):
     @property
     def supports_listing(self) -> bool:
         return True
+
+    # -- the internal API of shardstore's own tools (maintenance, layouts) ---------
+
+    @property
+    def raw(self) -> InnerStore:
+        """The inner store as shardstore sees it: shard objects, not chunk keys."""
+        return self._inner
+
+    async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
+        """Shard objects that may hold keys under ``prefix``, and the other inner keys
+        under it (which pass through); a batch open on this store is committed first."""
+        return await self._scan(prefix)
+
+    async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
+        """The shards' indices, read afresh in one batch (None: no such shard)."""
+        return await self._reader.read_indices(shards)
+
+    async def compact_shard(self, shard: ShardAddress) -> None:
+        """Rewrite one shard compactly (dropping dead bytes), as a commit."""
+        self._check_writable()
+        await self._writer.compact(shard)
+
+    async def array_at(self, path: str) -> ArrayInfo | None:
+        """What the store knows of the array at ``path`` (None: no array there)."""
+        return await self._catalog.lookup(path.strip("/"))
+
+    async def array_of_key(self, key: str) -> ArrayInfo | None:
+        """The array a key belongs to, by the key's path (None: none)."""
+        return await self._catalog.array_for_key(key)
+
+    async def metadata_written(self, key: str, raw: bytes) -> None:
+        """Write a metadata document exactly as given (tools that rewrite one do)."""
+        await self._inner.set(key, raw)
+        path, name = _split_key(key)
+        self._catalog.remember(path, name, raw)
 
     async def chunks_per_shard_for(
         self, path: str, shape: tuple[int, ...], dtype: str = "float64"
