@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 Document = dict[str, Any]
+"""A parsed JSON metadata document (``zarr.json``, ``.zarray``, ...)."""
 SHARDING_CODEC = "sharding_indexed"
 _BYTES_LITTLE = {"name": "bytes", "configuration": {"endian": "little"}}
 _CRC32C = {"name": "crc32c"}

@@ -22,6 +22,7 @@ import numpy as np
 
 from shardstore.codec_form import (
     CodecForm,
+    Document,
     index_codecs,
     parse_codec_form,
     parse_index_codecs,
@@ -35,6 +36,7 @@ from shardstore.keys import ChunkKeyGrammar, join_path
 __all__ = [
     "ArrayInfo",
     "ChunksPerShard",
+    "Document",
     "ShardingPolicy",
     "array_info",
     "dump_document",
@@ -62,7 +64,6 @@ _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
 MAX_CHUNKS_PER_SHARD = 2**24
 """An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
 
-Document: TypeAlias = dict[str, Any]
 Layout: TypeAlias = Literal["transformer", "codec"]
 ChunksPerShard: TypeAlias = (
     Sequence[int] | Mapping[str, Sequence[int]] | Callable[[str, Document], Sequence[int] | None] | None
