@@ -24,6 +24,7 @@ __all__ = [
     "chunk_coords_in_shard",
     "join_path",
     "locate_chunk",
+    "split_key",
 ]
 
 _INT = re.compile(r"0|[1-9][0-9]*")
@@ -37,6 +38,12 @@ def check_key(key: str) -> None:
     """Reject keys that could escape the root of a file-system store."""
     if key.startswith("/") or ".." in key.split("/"):
         raise InvalidKeyError(f"invalid key {key!r}: keys may not start with '/' or contain '..'")
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(path, name)`` of a key: ``"a/b/zarr.json"`` -> ``("a/b", "zarr.json")``."""
+    path, _, name = key.rpartition("/")
+    return path, name
 
 
 def join_path(path: str, name: str) -> str:

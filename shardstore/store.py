@@ -10,7 +10,6 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from types import TracebackType
 from typing import Any, Literal
@@ -24,26 +23,19 @@ from shardstore.cache import IndexCache, ShardCache
 from shardstore.catalog import ArrayCatalog
 from shardstore.coalescing import ReadCoalescer
 from shardstore.commits import Splice, Update, apply_updates, independent_of_old
-from shardstore.errors import ChunkKeyError, ShardingConfigError, ShardingPassthroughWarning
-from shardstore.format import ShardIndex, ShardLayout
+from shardstore.errors import ChunkKeyError
+from shardstore.format import ShardIndex
 from shardstore.inner import InnerStore, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
-from shardstore.keys import check_key
+from shardstore.keys import check_key, split_key
 from shardstore.metadata import (
-    ARRAY_DOC_NAMES,
     METADATA_NAMES,
-    V3_NAME,
     ArrayInfo,
     ChunksPerShard,
     Layout,
     ShardingPolicy,
-    array_info,
-    consolidated_arrays,
-    dump_document,
-    inject_layout,
-    load_document,
-    present_document,
 )
+from shardstore.metadata_gateway import MetadataGateway
 from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
 from shardstore.reader import ShardReader
 from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
@@ -54,11 +46,6 @@ _LISTING_BATCH = 512
 """Shard indices read per inner batch while listing."""
 _ADDRESS_CACHE = 1 << 17
 """Chunk keys whose shard address is remembered (cleared when full)."""
-
-
-def _split_key(key: str) -> tuple[str, str]:
-    path, _, name = key.rpartition("/")
-    return path, name
 
 
 def _check_byte_range(byte_range: Any) -> None:
@@ -174,6 +161,7 @@ class ShardingStore(Store):
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)
+        self._metadata = MetadataGateway(self._inner, self._catalog, self._policy, self._options.layout)
         reads = ReadPolicy.resolve(self._options, self._inner)
         self._indices = IndexCache(reads.index_cache_bytes)
         self._shards = ShardCache(reads.shard_cache_bytes)
@@ -266,9 +254,7 @@ class ShardingStore(Store):
 
     async def metadata_written(self, key: str, raw: bytes) -> None:
         """Write a metadata document exactly as given (tools that rewrite one do)."""
-        await self._inner.set(key, raw)
-        path, name = _split_key(key)
-        self._catalog.remember(path, name, raw)
+        await self._metadata.write_as_is(key, raw)
 
     async def chunks_per_shard_for(
         self, path: str, shape: tuple[int, ...], dtype: str = "float64"
@@ -380,7 +366,7 @@ class ShardingStore(Store):
         direct: list[tuple[int, str, ByteRequest | None]] = []
         metadata: list[tuple[int, str, ByteRequest | None]] = []
         for slot, (key, byte_range) in enumerate(requests):
-            if _split_key(key)[1] in METADATA_NAMES:
+            if split_key(key)[1] in METADATA_NAMES:
                 metadata.append((slot, key, byte_range))
                 continue
             where = await self._resolve(key)
@@ -403,7 +389,7 @@ class ShardingStore(Store):
         if direct:
             parts.append((direct, self._inner.get_many([(k, r) for _, k, r in direct])))
         if metadata:
-            parts.append((metadata, asyncio.gather(*(self._get_metadata(k, r) for _, k, r in metadata))))
+            parts.append((metadata, asyncio.gather(*(self._metadata.get(k, r) for _, k, r in metadata))))
         # the common case, one chunk, needs no gather (and no tasks)
         values = [await parts[0][1]] if len(parts) == 1 else await asyncio.gather(*(p for _, p in parts))
         for (entries, _), part_values in zip(parts, values, strict=True):
@@ -414,25 +400,6 @@ class ShardingStore(Store):
             results[slot] = None if value is None else slice_range(value, byte_range)
         return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
 
-    async def _get_metadata(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        """A metadata document as zarr must see it: without our transformer entry."""
-        path, name = _split_key(key)
-        raw = await self._inner.get(key)
-        info = self._catalog.remember(path, name, raw)
-        if info is not None and info.passthrough_reason is not None and self._policy.names(path):
-            warnings.warn(
-                f"array {path or '/'!r} is passed through, not served by shardstore: "
-                f"{info.passthrough_reason}",
-                ShardingPassthroughWarning,
-                stacklevel=2,
-            )
-        if raw is None:
-            return None
-        doc = load_document(raw)
-        if doc is not None and present_document(path, name, doc, self._catalog.zarr_sharded):
-            raw = dump_document(doc)
-        return slice_range(raw, byte_range)
-
     async def _chunk_size(self, chunk: ChunkAddress) -> int | None:
         if self._writer.pending(chunk) is not None:  # in a batch: what the batch would leave
             value = (await self.get_partial_values(default_buffer_prototype(), [(chunk.key, None)]))[0]
@@ -442,8 +409,8 @@ class ShardingStore(Store):
 
     async def exists(self, key: str) -> bool:
         check_key(key)
-        if _split_key(key)[1] in METADATA_NAMES:
-            return await self._get_metadata(key) is not None
+        if split_key(key)[1] in METADATA_NAMES:
+            return await self._metadata.get(key) is not None
         where = await self._resolve(key)
         if where is None:
             return await self._inner.exists(key)
@@ -451,8 +418,8 @@ class ShardingStore(Store):
 
     async def getsize(self, key: str) -> int:
         check_key(key)
-        if _split_key(key)[1] in METADATA_NAMES:
-            value = await self._get_metadata(key)
+        if split_key(key)[1] in METADATA_NAMES:
+            value = await self._metadata.get(key)
             size = None if value is None else len(value)
         else:
             where = await self._resolve(key)
@@ -480,8 +447,8 @@ class ShardingStore(Store):
             raise TypeError(f"ShardingStore.set(): `value` must be a Buffer instance. Got {type(value)!r}.")
         check_key(key)
         data = value.to_bytes()
-        if _split_key(key)[1] in METADATA_NAMES:
-            await self._set_metadata(key, data)
+        if split_key(key)[1] in METADATA_NAMES:
+            await self._metadata.set(key, data)
             return
         where = await self._resolve(key, writing=True)
         if where:
@@ -499,7 +466,7 @@ class ShardingStore(Store):
         others: list[tuple[str, int, bytes]] = []
         for key, start, data in key_start_values:
             check_key(key)
-            chunk = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
+            chunk = None if split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
             if chunk:
                 _add_update(by_shard, chunk, Splice(start, bytes(data)))
             else:
@@ -510,70 +477,10 @@ class ShardingStore(Store):
             new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
             await self.set(key, default_buffer_prototype().buffer.from_bytes(new or b""))
 
-    async def _set_metadata(self, key: str, raw: bytes) -> None:
-        """Write a metadata document, recording (or keeping) the array's sharding config."""
-        path, name = _split_key(key)
-        doc = load_document(raw)
-        if doc is not None:
-            changed = False
-            written = array_info(path, name, doc) if name in ARRAY_DOC_NAMES else None
-            if written is not None:
-                itself = written.form == "codec" or written.codec_sharded  # zarr's own sharding codec
-                self._catalog.zarr_shards(path, itself)
-                decided = None if itself else await self._layout_for_written(path, name, written, doc)
-                if decided is not None:
-                    inject_layout(doc, *decided)
-                    changed = True
-            children = consolidated_arrays(name, doc)
-            infos = await asyncio.gather(
-                *(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children)
-            )
-            for child, info in zip(children.values(), infos, strict=True):
-                if info is not None and info.layout is not None:
-                    inject_layout(child, info.layout, info.form)
-                    changed = True
-            if changed:
-                raw = dump_document(doc)
-        await self._inner.set(key, raw)
-        self._catalog.remember(path, name, raw)
-
-    async def _layout_for_written(
-        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[ShardLayout, Layout] | None:
-        """How a plain array document zarr writes is to be sharded, and in which form."""
-        if written.layout is not None:  # the writer recorded a config itself
-            return written.layout, "transformer"
-        existing = await self._catalog.document(path, name)  # the document being replaced
-        if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
-            # the same array, resized or re-attributed: keep its config and form
-            return None if existing.layout is None else (existing.layout, existing.form)
-        return self._new_layout(path, name, written, doc)
-
     def check_new_array(self, key: str, raw: bytes) -> None:
         """Raise ShardingConfigError if writing this new array document would (a dry
         run of the config checks of :meth:`set`, for tools writing many arrays)."""
-        path, name = _split_key(key)
-        doc = load_document(raw)
-        written = None if doc is None else array_info(path, name, doc)
-        if doc is None or written is None:
-            return
-        if written.layout is None and written.form == "transformer" and not written.codec_sharded:
-            self._new_layout(path, name, written, doc)
-
-    def _new_layout(
-        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[ShardLayout, Layout] | None:
-        layout = self._policy.layout_for(path, doc, written.ndim)
-        if layout is None:
-            return None
-        form = self._options.layout
-        if form == "codec" and name != V3_NAME:
-            raise ShardingConfigError(
-                f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "
-                "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
-                "layout='transformer'"
-            )
-        return layout, form
+        self._metadata.check_new_array(key, raw)
 
     # -- deletes -----------------------------------------------------------------
 
@@ -588,7 +495,7 @@ class ShardingStore(Store):
         others: list[str] = []
         for key in keys:
             check_key(key)
-            where = None if _split_key(key)[1] in METADATA_NAMES else await self._resolve(key)
+            where = None if split_key(key)[1] in METADATA_NAMES else await self._resolve(key)
             if where:
                 _add_update(by_shard, where, None)
             elif where is None:
@@ -601,7 +508,7 @@ class ShardingStore(Store):
     async def _delete_object(self, key: str) -> None:
         await self._inner.delete(key)
         self._reader.forget(key)
-        path, name = _split_key(key)
+        path, name = split_key(key)
         self._catalog.remember(path, name, None)
 
     async def _delete_shard(self, key: str) -> None:
@@ -625,7 +532,7 @@ class ShardingStore(Store):
             for pos, key in [] if index is None else shard.present_keys(index):
                 if key.startswith(prefix):
                     _add_update(doomed, ChunkAddress(key, shard, pos), None)
-        metadata = [k for k in plain if _split_key(k)[1] in METADATA_NAMES]
+        metadata = [k for k in plain if split_key(k)[1] in METADATA_NAMES]
         await asyncio.gather(
             *(self._writer.write(shard, ups) for shard, ups in doomed.values()),
             *(self._delete_shard(k) for k in whole),

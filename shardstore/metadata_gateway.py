@@ -1,0 +1,140 @@
+"""Metadata documents between zarr and the inner store.
+
+zarr must see plain array metadata (zarr-python refuses our
+``storage_transformers`` entry, and our marker codec is there to make plain
+readers fail), while the inner store must keep the sharding config. Reads
+strip it (:func:`~shardstore.metadata.present_document`), writes decide or
+keep each array's sharding and record it again
+(:func:`~shardstore.metadata.inject_layout`), consolidated copies included.
+Every document read or written feeds the catalog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from typing import Any
+
+from zarr.abc.store import ByteRequest
+
+from shardstore.catalog import ArrayCatalog
+from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning
+from shardstore.format import ShardLayout
+from shardstore.inner import InnerStore, slice_range
+from shardstore.keys import split_key
+from shardstore.metadata import (
+    ARRAY_DOC_NAMES,
+    V3_NAME,
+    ArrayInfo,
+    Layout,
+    ShardingPolicy,
+    array_info,
+    consolidated_arrays,
+    dump_document,
+    inject_layout,
+    load_document,
+    present_document,
+)
+
+__all__ = ["MetadataGateway"]
+
+
+class MetadataGateway:
+    """Reads and writes metadata documents for one store: ``policy`` shards new
+    arrays, recorded in ``form`` (our transformer entry, or standard codec metadata)."""
+
+    def __init__(
+        self, inner: InnerStore, catalog: ArrayCatalog, policy: ShardingPolicy, form: Layout
+    ) -> None:
+        self._inner = inner
+        self._catalog = catalog
+        self._policy = policy
+        self._form = form
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        """A metadata document as zarr must see it: without our transformer entry."""
+        path, name = split_key(key)
+        raw = await self._inner.get(key)
+        info = self._catalog.remember(path, name, raw)
+        if info is not None and info.passthrough_reason is not None and self._policy.names(path):
+            warnings.warn(
+                f"array {path or '/'!r} is passed through, not served by shardstore: "
+                f"{info.passthrough_reason}",
+                ShardingPassthroughWarning,
+                stacklevel=2,
+            )
+        if raw is None:
+            return None
+        doc = load_document(raw)
+        if doc is not None and present_document(path, name, doc, self._catalog.zarr_sharded):
+            raw = dump_document(doc)
+        return slice_range(raw, byte_range)
+
+    async def set(self, key: str, raw: bytes) -> None:
+        """Write a metadata document, recording (or keeping) the array's sharding config."""
+        path, name = split_key(key)
+        doc = load_document(raw)
+        if doc is not None:
+            changed = False
+            written = array_info(path, name, doc) if name in ARRAY_DOC_NAMES else None
+            if written is not None:
+                itself = written.form == "codec" or written.codec_sharded  # zarr's own sharding codec
+                self._catalog.zarr_shards(path, itself)
+                decided = None if itself else await self._layout_for_written(path, name, written, doc)
+                if decided is not None:
+                    inject_layout(doc, *decided)
+                    changed = True
+            children = consolidated_arrays(name, doc)
+            infos = await asyncio.gather(
+                *(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children)
+            )
+            for child, info in zip(children.values(), infos, strict=True):
+                if info is not None and info.layout is not None:
+                    inject_layout(child, info.layout, info.form)
+                    changed = True
+            if changed:
+                raw = dump_document(doc)
+        await self.write_as_is(key, raw)
+
+    async def write_as_is(self, key: str, raw: bytes) -> None:
+        """Write a document exactly as given, and note it in the catalog."""
+        await self._inner.set(key, raw)
+        self._catalog.remember(*split_key(key), raw)
+
+    async def _layout_for_written(
+        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
+    ) -> tuple[ShardLayout, Layout] | None:
+        """How a plain array document zarr writes is to be sharded, and in which form."""
+        if written.layout is not None:  # the writer recorded a config itself
+            return written.layout, "transformer"
+        existing = await self._catalog.document(path, name)  # the document being replaced
+        if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
+            # the same array, resized or re-attributed: keep its config and form
+            return None if existing.layout is None else (existing.layout, existing.form)
+        return self._new_layout(path, name, written, doc)
+
+    def check_new_array(self, key: str, raw: bytes) -> None:
+        """Raise ShardingConfigError if writing this new array document would (a dry
+        run of the config checks of :meth:`set`, for tools writing many arrays)."""
+        path, name = split_key(key)
+        doc = load_document(raw)
+        written = None if doc is None else array_info(path, name, doc)
+        if doc is None or written is None:
+            return
+        if written.layout is None and written.form == "transformer" and not written.codec_sharded:
+            self._new_layout(path, name, written, doc)
+
+    def _new_layout(
+        self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
+    ) -> tuple[ShardLayout, Layout] | None:
+        layout = self._policy.layout_for(path, doc, written.ndim)
+        if layout is None:
+            return None
+        form = self._form
+        if form == "codec" and name != V3_NAME:
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "
+                "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
+                "layout='transformer'"
+            )
+        return layout, form
