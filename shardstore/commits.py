@@ -55,6 +55,8 @@ def apply_updates(old: bytes | None, updates: list[Update]) -> bytes | None:
     for update in updates:
         if isinstance(update, Splice):
             buf = bytearray(value or b"")
+            if update.start > len(buf):  # as a file written past its end: a gap of zeros
+                buf.extend(bytes(update.start - len(buf)))
             buf[update.start : update.start + len(update.data)] = update.data
             value = bytes(buf)
         else:
