@@ -131,13 +131,19 @@ def shard_problems(layout: ShardLayout, blob: bytes, chunk_nbytes: int | None = 
     return problems + _entry_problems(layout, entries, len(blob), chunk_nbytes)
 
 
+def _entry_masks(index: ShardIndex) -> tuple[npt.NDArray[np.bool_], ...]:
+    """Entries present, half-empty (one field marked absent), and absurdly large."""
+    offsets, sizes = index[:, 0], index[:, 1]
+    present = offsets != MISSING
+    half = present != (sizes != MISSING)
+    return present, half, present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+
+
 def _entry_problems(
     layout: ShardLayout, index: ShardIndex, nbytes: int, chunk_nbytes: int | None
 ) -> list[str]:
     offsets, sizes = index[:, 0], index[:, 1]
-    present = offsets != MISSING
-    half = present != (sizes != MISSING)
-    impossible = present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+    present, half, impossible = _entry_masks(index)
     sane = present & ~half & ~impossible
     ends = np.where(sane, offsets, 0) + np.where(sane, sizes, 0)  # no overflow: both below 2**53
     lo, hi = layout.data_bounds(nbytes)
@@ -200,15 +206,12 @@ def index_problem(index: ShardIndex) -> str | None:
     nothing): an entry with one field marked empty, an absurdly large range, or
     ranges of two chunks sharing bytes (each chunk owns its bytes). Empty chunks
     are data here; :func:`shard_problems` also judges them, and the object's size."""
-    offsets, sizes = index[:, 0], index[:, 1]
-    present = offsets != MISSING
-    half = present != (sizes != MISSING)
-    impossible = present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+    present, half, impossible = _entry_masks(index)
     if half.any():
         return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
     if impossible.any():
         return f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
-    overlaps = _overlaps(index, np.flatnonzero(present & (sizes > 0)))
+    overlaps = _overlaps(index, np.flatnonzero(present & (index[:, 1] > 0)))
     return overlaps[0] if overlaps else None
 
 

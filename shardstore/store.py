@@ -62,10 +62,6 @@ def _dir(prefix: str) -> str:
 _ChunkUpdates = dict[str, tuple[ShardAddress, dict[int, list[Update]]]]
 
 
-def _deleted(old: bytes | None) -> None:
-    return None
-
-
 def _add_update(by_shard: _ChunkUpdates, chunk: ChunkAddress, update: Update) -> None:
     """Group updates per shard, in order (a later full value replaces, splices stack)."""
     ups = by_shard.setdefault(chunk.shard.key, (chunk.shard, {}))[1].setdefault(chunk.position, [])
@@ -511,11 +507,6 @@ class ShardingStore(Store):
         path, name = split_key(key)
         self._catalog.remember(path, name, None)
 
-    async def _delete_shard(self, key: str) -> None:
-        """Delete a whole shard as a commit, ordered against other writers of it."""
-        await self._inner.update(key, _deleted, read_old=False)
-        self._reader.forget(key)
-
     async def delete_dir(self, prefix: str) -> None:
         self._check_writable()
         await self.erase_prefix(_dir(prefix))
@@ -535,7 +526,7 @@ class ShardingStore(Store):
         metadata = [k for k in plain if split_key(k)[1] in METADATA_NAMES]
         await asyncio.gather(
             *(self._writer.write(shard, ups) for shard, ups in doomed.values()),
-            *(self._delete_shard(k) for k in whole),
+            *(self._writer.delete_shard(k) for k in whole),
             *(self._delete_object(k) for k in plain if k not in metadata),
         )
         # Metadata last: an interrupted erase never leaves shards without their array.

@@ -52,6 +52,10 @@ class _Job:
     compact: bool = False
 
 
+def _deleted(old: bytes | None) -> None:
+    return None
+
+
 def _describe(keys: list[str], limit: int = 5) -> str:
     shown = ", ".join(repr(k) for k in keys[:limit])
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
@@ -96,6 +100,13 @@ class ShardWriter:
     async def compact(self, shard: ShardAddress) -> None:
         """Rewrite a shard compactly, whatever the strategy (drops dead bytes)."""
         await self._queue.submit(shard.key, _Job(shard, compact=True), {})
+
+    async def delete_shard(self, shard_key: str) -> None:
+        """Delete a whole shard without reading it, ordered against its other writers."""
+        try:
+            await self._inner.update(shard_key, _deleted, read_old=False, attempts=self._attempts)
+        finally:
+            self._on_commit(shard_key)
 
     def pending(self, chunk: ChunkAddress) -> list[Update] | None:
         """Buffered updates to a chunk that are not in the inner store yet."""
