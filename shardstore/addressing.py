@@ -7,12 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardstore.commits import Update, apply_updates, independent_of_old
-from shardstore.format import ShardIndex, ShardLayout, present_positions
+from shardstore.formats.indexed import IndexedFormat, ShardIndex, present_positions
 from shardstore.keys import chunk_coords_in_shard, locate_chunk
 from shardstore.metadata import ArrayInfo
 
-__all__ = ["ChunkAddress", "ShardAddress", "covers_shard", "locate"]
+__all__ = ["ChunkAddress", "ShardAddress", "locate"]
 
 
 @dataclass(frozen=True)
@@ -24,22 +23,22 @@ class ShardAddress:
     coords: tuple[int, ...]
 
     @property
-    def layout(self) -> ShardLayout:
-        assert self.info.layout is not None
-        return self.info.layout
+    def shard_format(self) -> IndexedFormat:
+        assert self.info.shard_format is not None
+        return self.info.shard_format
 
     def in_grid_positions(self) -> tuple[int, ...]:
         """Index positions of this shard's chunks that lie inside the array."""
-        return _in_grid_positions(self.info.grid_shape, self.layout.chunks_per_shard, self.coords)
+        return _in_grid_positions(self.info.grid_shape, self.shard_format.chunks_per_shard, self.coords)
 
     def present_keys(self, index: ShardIndex) -> list[tuple[int, str]]:
         """(position, chunk key) of every chunk inside the array the index says is
         present (other tools may store chunks beyond the array's edge)."""
         positions = present_positions(index)
         inside = self.in_grid_positions()
-        if len(inside) < self.layout.n_chunks:
+        if len(inside) < self.shard_format.n_chunks:
             positions = positions[np.isin(positions, inside)]
-        coords = chunk_coords_in_shard(self.coords, self.layout.chunks_per_shard)[positions]
+        coords = chunk_coords_in_shard(self.coords, self.shard_format.chunks_per_shard)[positions]
         return [(int(p), self.info.key(c.tolist())) for p, c in zip(positions, coords, strict=True)]
 
 
@@ -53,8 +52,8 @@ class ChunkAddress:
 
 
 def locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> ChunkAddress:
-    assert info.layout is not None
-    shard_coords, position = locate_chunk(coords, info.layout.chunks_per_shard)
+    assert info.shard_format is not None
+    shard_coords, position = locate_chunk(coords, info.shard_format.chunks_per_shard)
     return ChunkAddress(key, ShardAddress(info, info.key(shard_coords), shard_coords), position)
 
 
@@ -66,14 +65,3 @@ def _in_grid_positions(
     inside = np.all(coords < np.asarray(grid_shape, dtype=np.int64), axis=1)
     return tuple(int(p) for p in np.flatnonzero(inside))
 
-
-def covers_shard(shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
-    """Whether updates give every in-array chunk of the shard a value without reading it."""
-    needed = shard.in_grid_positions()
-    if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
-        return False
-    for pos in needed:
-        ups = updates.get(pos)
-        if ups is None or not independent_of_old(ups) or apply_updates(None, ups) is None:
-            return False
-    return True

@@ -45,7 +45,7 @@ class ArrayCatalog:
         doc = None if raw is None else load_document(raw)
         info = None if doc is None else array_info(path, name, doc)
         if info is not None and info.form == "codec" and path in self._zarr_sharded:
-            info = replace(info, layout=None, codec_sharded=True, form="transformer")
+            info = replace(info, shard_format=None, codec_sharded=True, form="transformer")
         self._docs.setdefault(path, {})[name] = (raw is not None, info)
         self.generation += 1
         return info
@@ -116,4 +116,4 @@ class ArrayCatalog:
         parts = prefix.split("/")[:-1] if prefix else []
         paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
         infos = await asyncio.gather(*(self.lookup(p) for p in paths))
-        return next((i for i in infos if i is not None and i.layout is not None), None)
+        return next((i for i in infos if i is not None and i.shard_format is not None), None)

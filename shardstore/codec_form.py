@@ -18,13 +18,12 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from shardstore.format import ShardLayout
+from shardstore.errors import ShardingConfigError
+from shardstore.formats.indexed import IndexedFormat
 
 __all__ = [
     "CodecForm",
-    "index_codecs",
     "parse_codec_form",
-    "parse_index_codecs",
     "to_codec_form",
     "to_plain_form",
 ]
@@ -32,8 +31,7 @@ __all__ = [
 Document = dict[str, Any]
 """A parsed JSON metadata document (``zarr.json``, ``.zarray``, ...)."""
 SHARDING_CODEC = "sharding_indexed"
-_BYTES_LITTLE = {"name": "bytes", "configuration": {"endian": "little"}}
-_CRC32C = {"name": "crc32c"}
+_DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]
 
 
 @dataclass(frozen=True)
@@ -41,15 +39,10 @@ class CodecForm:
     """What a ``sharding_indexed`` array document says, or why it cannot be served."""
 
     inner_chunks: tuple[int, ...] | None = None
-    layout: ShardLayout | None = None
+    shard_format: IndexedFormat | None = None
     inner_codecs: list[Any] | None = None
     unservable: str | None = None
     """Why the array's inner chunks are not byte ranges we can serve (None: they are)."""
-
-
-def index_codecs(layout: ShardLayout) -> list[Document]:
-    """Always spelled out: zarr-python assumes ``[bytes, crc32c]`` when they are missing."""
-    return [dict(_BYTES_LITTLE), *([dict(_CRC32C)] if layout.index_checksum else [])]
 
 
 def _is_codec(entry: Any, name: str) -> bool:
@@ -59,22 +52,6 @@ def _is_codec(entry: Any, name: str) -> bool:
 def _config(entry: Any) -> Document:
     config = entry.get("configuration") if isinstance(entry, dict) else None
     return config if isinstance(config, dict) else {}
-
-
-def parse_index_codecs(codecs: Any) -> bool | None:
-    """Whether the index codecs are ``[bytes(little)]`` (False) or with ``crc32c``
-    (True); None for anything else, the only index formats we read. One parser for
-    both layouts: the transformer configuration spells its index the same way."""
-    if not isinstance(codecs, list) or not codecs or not _is_codec(codecs[0], "bytes"):
-        return None
-    if _config(codecs[0]).get("endian", "little") != "little":
-        return None
-    rest = codecs[1:]
-    if not rest:
-        return False
-    if len(rest) == 1 and _is_codec(rest[0], "crc32c"):
-        return True
-    return None
 
 
 def parse_codec_form(doc: Document) -> CodecForm | None:
@@ -103,16 +80,18 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
         )
     if not isinstance(inner_codecs, list) or any(_is_codec(c, SHARDING_CODEC) for c in inner_codecs):
         return CodecForm(unservable="nested sharding (a sharding codec inside the sharding codec)")
-    codecs = config.get("index_codecs")
-    # missing means [bytes, crc32c]: zarr-python's reading of such documents
-    checksum = True if codecs is None else parse_index_codecs(codecs)
-    if checksum is None:
-        return CodecForm(unservable=f"index_codecs {codecs!r} are not bytes(little) with an optional crc32c")
-    location = config.get("index_location", "end")
-    if location not in ("start", "end"):
-        return CodecForm(unservable=f"index_location {location!r} is neither 'start' nor 'end'")
-    cps = tuple(s // c for s, c in zip(shard_shape, inner, strict=True))
-    return CodecForm(tuple(inner), ShardLayout(cps, location, checksum), inner_codecs)
+    cps = [s // c for s, c in zip(shard_shape, inner, strict=True)]
+    index = {
+        "chunks_per_shard": cps,
+        "index_location": config.get("index_location", "end"),
+        # missing means [bytes, crc32c]: zarr-python's reading of such documents
+        "index_codecs": config.get("index_codecs", _DEFAULT_INDEX_CODECS),
+    }
+    try:
+        fmt = IndexedFormat.from_config(index, "the sharding codec")
+    except ShardingConfigError as exc:
+        return CodecForm(unservable=str(exc))
+    return CodecForm(tuple(inner), fmt, inner_codecs)
 
 
 def to_plain_form(doc: Document, form: CodecForm) -> Document:
@@ -124,11 +103,11 @@ def to_plain_form(doc: Document, form: CodecForm) -> Document:
     return plain
 
 
-def to_codec_form(doc: Document, layout: ShardLayout) -> Document:
+def to_codec_form(doc: Document, fmt: IndexedFormat) -> Document:
     """Standard ``sharding_indexed`` metadata for a plain v3 array document."""
     inner = list(_config(doc.get("chunk_grid")).get("chunk_shape") or [])
     sharded = copy.deepcopy(doc)
-    shard_shape = [c * n for c, n in zip(inner, layout.chunks_per_shard, strict=True)]
+    shard_shape = [c * n for c, n in zip(inner, fmt.chunks_per_shard, strict=True)]
     sharded["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
     sharded["codecs"] = [
         {
@@ -136,8 +115,8 @@ def to_codec_form(doc: Document, layout: ShardLayout) -> Document:
             "configuration": {
                 "chunk_shape": inner,
                 "codecs": copy.deepcopy(doc.get("codecs") or []),
-                "index_codecs": index_codecs(layout),
-                "index_location": layout.index_location,
+                "index_codecs": fmt.index_codecs(),
+                "index_location": fmt.index_location,
             },
         }
     ]

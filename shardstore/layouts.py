@@ -25,7 +25,7 @@ from shardstore.metadata import (
     array_info,
     consolidated_arrays,
     dump_document,
-    inject_layout,
+    inject_sharding,
     load_document,
     present_document,
 )
@@ -43,7 +43,7 @@ def switched_document(path: str, doc: Document, to: Layout) -> Document | None:
     info = array_info(path, V3_NAME, doc)
     if info is None:
         raise ShardingConfigError(f"{where}: {V3_NAME} does not describe an array")
-    if info.layout is None:
+    if info.shard_format is None:
         raise ShardingConfigError(
             f"{where} cannot switch layout: {info.passthrough_reason or 'it is not sharded'}"
         )
@@ -57,7 +57,7 @@ def switched_document(path: str, doc: Document, to: Layout) -> Document | None:
             f"{plain['storage_transformers']!r}, which standard sharding metadata cannot carry"
         )
     plain.pop("storage_transformers", None)
-    inject_layout(plain, info.layout, to)
+    inject_sharding(plain, info.shard_format, to)
     return plain
 
 

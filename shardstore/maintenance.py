@@ -25,7 +25,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from shardstore.errors import InnerStoreError, ShardFormatError
-from shardstore.format import MISSING, ShardIndex, check_ranges, parse_shard, shard_problems
+from shardstore.formats.indexed import MISSING, ShardIndex
 from shardstore.keys import join_path
 from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, load_document
 
@@ -140,7 +140,7 @@ def _surveyed(shard: ShardAddress, index: ShardIndex | ShardFormatError, nbytes:
         return _Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, 0, 0, 0, problem), None)
     live = live_bytes(index)
     chunks = int((index[:, 0] != MISSING).sum())
-    dead = nbytes - shard.layout.index_nbytes - live
+    dead = nbytes - shard.shard_format.index_nbytes - live
     return _Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, chunks, live, dead), index)
 
 
@@ -148,7 +148,7 @@ def _inconsistency(shard: ShardAddress, index: ShardIndex | ShardFormatError, nb
     if isinstance(index, ShardFormatError):
         return str(index)
     try:
-        check_ranges(shard.layout, index, nbytes, shard.key)
+        shard.shard_format.check_ranges(index, nbytes, shard.key)
     except ShardFormatError as exc:
         return str(exc)
     return None
@@ -254,8 +254,8 @@ async def _array_report(
     objects = await asyncio.gather(*(store.getsize(k) for k in chunk_keys))
     return ArrayReport(
         path=info.path,
-        sharded=info.layout is not None,
-        chunks_per_shard=list(info.layout.chunks_per_shard) if info.layout else None,
+        sharded=info.shard_format is not None,
+        chunks_per_shard=list(info.shard_format.chunks_per_shard) if info.shard_format else None,
         grid_chunks=int(np.prod(info.grid_shape)),
         chunks=len(chunk_keys)
         + sum(len(s.shard.present_keys(s.index)) for s in shards if s.index is not None),
@@ -399,7 +399,7 @@ async def _check_shard(
     blob = await store.raw.get(shard.key)  # as committed
     if blob is None:
         return [], []
-    problems = shard_problems(shard.layout, blob, chunk_nbytes)
+    problems = shard.shard_format.problems(blob, chunk_nbytes)
     if size is not None and size > len(blob):
         problems.append(
             f"torn tail: a crashed append left {size - len(blob)} bytes after the committed "
@@ -407,7 +407,7 @@ async def _check_shard(
             "and its next write (or compact) repairs it, other readers see a damaged shard until then"
         )
     try:
-        index = parse_shard(shard.layout, blob, shard.key)
+        index = shard.shard_format.parse(blob, shard.key)
     except ShardFormatError as exc:  # reads refuse it: damage, whether or not a rule above names it
         return problems or [str(exc)], []
     return problems, [key for _, key in shard.present_keys(index)]

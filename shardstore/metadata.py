@@ -21,16 +21,13 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 
 from shardstore.codec_form import (
-    CodecForm,
     Document,
-    index_codecs,
     parse_codec_form,
-    parse_index_codecs,
     to_codec_form,
     to_plain_form,
 )
 from shardstore.errors import ShardingConfigError
-from shardstore.format import ShardLayout
+from shardstore.formats.indexed import IndexedFormat
 from shardstore.keys import ChunkKeyGrammar, join_path
 
 __all__ = [
@@ -40,7 +37,7 @@ __all__ = [
     "ShardingPolicy",
     "array_info",
     "dump_document",
-    "inject_layout",
+    "inject_sharding",
     "load_document",
     "present_document",
 ]
@@ -61,8 +58,6 @@ MARKER = "shardstore.sharding"
 shardstore: zarr-python raises ``Unknown codec: 'shardstore.sharding'`` (v3) or
 numcodecs ``codec not available`` (v2) wherever it parses the array's metadata."""
 _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
-MAX_CHUNKS_PER_SHARD = 2**24
-"""An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
 
 Layout: TypeAlias = Literal["transformer", "codec"]
 ChunksPerShard: TypeAlias = (
@@ -83,34 +78,21 @@ def dump_document(doc: Document) -> bytes:
     return json.dumps(doc, indent=2, allow_nan=True).encode()
 
 
-def validate_layout(path: str, layout: ShardLayout, ndim: int) -> ShardLayout:
-    """``layout`` if it can shard an array of rank ``ndim`` at ``path``, else raise."""
-    cps = layout.chunks_per_shard
-    where = f"array {path or '/'!r}"
+def check_rank(path: str, fmt: IndexedFormat, ndim: int) -> IndexedFormat:
+    """``fmt`` if it can shard an array of rank ``ndim`` at ``path`` (and puts more
+    than one chunk in a shard), else raise."""
+    cps = fmt.chunks_per_shard
     if len(cps) != ndim:
         raise ShardingConfigError(
-            f"{where}: chunks_per_shard {list(cps)} has {len(cps)} entries, the array has {ndim} dimensions"
+            f"array {path or '/'!r}: chunks_per_shard {list(cps)} has {len(cps)} entries, "
+            f"the array has {ndim} dimensions"
         )
-    if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in cps):
-        raise ShardingConfigError(f"{where}: chunks_per_shard {list(cps)} must be positive integers")
-    n = math.prod(cps)
-    if n < 2:
+    if fmt.n_chunks < 2:
         raise ShardingConfigError(
-            f"{where}: chunks_per_shard {list(cps)} puts one chunk in each shard; "
+            f"array {path or '/'!r}: chunks_per_shard {list(cps)} puts one chunk in each shard; "
             "leave the array unsharded instead"
         )
-    if n > MAX_CHUNKS_PER_SHARD:
-        raise ShardingConfigError(
-            f"{where}: chunks_per_shard {list(cps)} makes {n} chunks per shard, more than "
-            f"{MAX_CHUNKS_PER_SHARD} (a {16 * n} byte index is too large to hold in memory)"
-        )
-    if layout.index_location not in ("start", "end"):
-        raise ShardingConfigError(
-            f"{where}: index_location must be 'start' or 'end', not {layout.index_location!r}"
-        )
-    if not isinstance(layout.index_checksum, bool):
-        raise ShardingConfigError(f"{where}: index_checksum must be true or false")
-    return layout
+    return fmt
 
 
 def _is_our_entry(entry: Any) -> bool:
@@ -121,60 +103,23 @@ def _is_our_entry(entry: Any) -> bool:
     )
 
 
-def _layout_from_entry(path: str, entry: Document, ndim: int) -> ShardLayout:
+def _format_from_entry(path: str, entry: Document, ndim: int) -> IndexedFormat:
     """Read our entry in its own form or the ZEP 2 draft's (type beside configuration)."""
+    where = f"array {path or '/'!r}"
     config = entry.get("configuration")
     if not isinstance(config, dict):
-        raise ShardingConfigError(f"array {path or '/'!r}: sharding transformer has no configuration object")
-    kind = config.get("type", entry.get("type", "indexed"))
-    if kind != "indexed":
-        raise ShardingConfigError(f"array {path or '/'!r}: unsupported shard format type {kind!r}")
-    cps = config.get("chunks_per_shard")
-    if not isinstance(cps, list):
-        raise ShardingConfigError(f"array {path or '/'!r}: sharding transformer lacks chunks_per_shard")
-    layout = ShardLayout(
-        tuple(cps),
-        index_location=config.get("index_location", "end"),
-        index_checksum=_index_checksum(path, config),
-    )
-    return validate_layout(path, layout, ndim)
+        raise ShardingConfigError(f"{where}: sharding transformer has no configuration object")
+    kind = config.get("type", entry.get("type", IndexedFormat.type_name))
+    if kind != IndexedFormat.type_name:
+        raise ShardingConfigError(f"{where}: unsupported shard format type {kind!r}")
+    if "chunks_per_shard" not in config:
+        raise ShardingConfigError(f"{where}: sharding transformer lacks chunks_per_shard")
+    return check_rank(path, IndexedFormat.from_config(config, where), ndim)
 
 
-def _index_checksum(path: str, config: Document) -> bool:
-    """Whether the index has a crc32c checksum, by the codec spec's ``index_codecs``
-    or by ``index_checksum``, the shorthand older shardstore wrote (both must agree)."""
-    where = f"array {path or '/'!r}"
-    flag = config.get("index_checksum")
-    if flag is not None and not isinstance(flag, bool):
-        raise ShardingConfigError(f"{where}: index_checksum must be true or false, not {flag!r}")
-    if "index_codecs" not in config:
-        return bool(flag)
-    codecs = config["index_codecs"]
-    checksum = parse_index_codecs(codecs)
-    if checksum is None:
-        raise ShardingConfigError(
-            f"{where}: unsupported index_codecs {codecs!r}; shardstore reads bytes (little-endian) "
-            "optionally followed by crc32c"
-        )
-    if flag is not None and flag != checksum:
-        raise ShardingConfigError(
-            f"{where}: index_checksum {str(flag).lower()} contradicts index_codecs {codecs!r}"
-        )
-    return checksum
-
-
-def layout_entry(layout: ShardLayout) -> Document:
-    """Our transformer entry, the index spelled by the codec spec's names only (a
-    reader that knows only ``index_checksum`` fails on the marker anyway)."""
-    return {
-        "name": TRANSFORMER_NAME,
-        "configuration": {
-            "type": "indexed",
-            "chunks_per_shard": list(layout.chunks_per_shard),
-            "index_location": layout.index_location,
-            "index_codecs": index_codecs(layout),
-        },
-    }
+def transformer_entry(fmt: IndexedFormat) -> Document:
+    """Our transformer entry: the format's own configuration."""
+    return {"name": TRANSFORMER_NAME, "configuration": fmt.to_config()}
 
 
 @dataclass(frozen=True)
@@ -185,7 +130,7 @@ class ArrayInfo:
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     grammar: ChunkKeyGrammar
-    layout: ShardLayout | None
+    shard_format: IndexedFormat | None
     codec_sharded: bool = False
     """A ``sharding_indexed`` array passed through untouched: zarr shards it itself
     (it created it through this store), or its inner chunks cannot be served."""
@@ -199,9 +144,9 @@ class ArrayInfo:
     @property
     def nominal_shard_nbytes(self) -> int | None:
         """A full shard's size before compression, where the data type tells it."""
-        if self.itemsize is None or self.layout is None:
+        if self.itemsize is None or self.shard_format is None:
             return None
-        return math.prod(self.chunks) * self.layout.n_chunks * self.itemsize
+        return math.prod(self.chunks) * self.shard_format.n_chunks * self.itemsize
 
     @property
     def ndim(self) -> int:
@@ -253,17 +198,6 @@ def _v3_grammar(doc: Document) -> ChunkKeyGrammar | None:
     return None
 
 
-def _codec_form(doc: Document) -> CodecForm | None:
-    """:func:`parse_codec_form`, counting an index too large to hold as a reason not
-    to serve the array (so that reading and presenting metadata agree)."""
-    form = parse_codec_form(doc)
-    if form is not None and form.layout is not None and form.layout.n_chunks > MAX_CHUNKS_PER_SHARD:
-        return CodecForm(
-            unservable=f"{form.layout.n_chunks} inner chunks per shard, more than {MAX_CHUNKS_PER_SHARD}"
-        )
-    return form
-
-
 def draft_document_key(path: str) -> str | None:
     """Where the v3 draft keeps the metadata of the array whose chunks are under
     ``path`` (``data/root/g/a`` -> ``meta/root/g/a.array.json``); None if nowhere."""
@@ -287,7 +221,7 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
             chunks = (
                 grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
             )
-            codec = _codec_form(doc)
+            codec = parse_codec_form(doc)
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
             chunks, codec = doc.get("chunks"), None
@@ -310,14 +244,14 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
     itemsize = _itemsize(doc.get("data_type", doc.get("dtype")))
     ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
     if ours:
-        layout = _layout_from_entry(path, ours[0], len(shape))
-        return ArrayInfo(path, shape, chunks, grammar, layout, itemsize=itemsize)
+        fmt = _format_from_entry(path, ours[0], len(shape))
+        return ArrayInfo(path, shape, chunks, grammar, fmt, itemsize=itemsize)
     if codec is None:
         return ArrayInfo(path, shape, chunks, grammar, None, itemsize=itemsize)
     if codec.unservable is not None or codec.inner_chunks is None:
         reason = codec.unservable
         return ArrayInfo(path, shape, chunks, grammar, None, True, itemsize, passthrough_reason=reason)
-    return ArrayInfo(path, shape, codec.inner_chunks, grammar, codec.layout, False, itemsize, "codec")
+    return ArrayInfo(path, shape, codec.inner_chunks, grammar, codec.shard_format, False, itemsize, "codec")
 
 
 def _itemsize(dtype: object) -> int | None:
@@ -344,7 +278,7 @@ def present_document(path: str, name: str, doc: Document, passthrough: Callable[
 def _present_one(path: str, doc: Document, passthrough: Callable[[str], bool]) -> bool:
     if _strip_one(doc):
         return True
-    form = _codec_form(doc) if doc.get("node_type") == "array" else None
+    form = parse_codec_form(doc) if doc.get("node_type") == "array" else None
     if form is None or form.unservable is not None or passthrough(path):
         return False
     plain = to_plain_form(doc, form)
@@ -396,18 +330,18 @@ def _remove_marker(doc: Document) -> None:
         doc[key] = rest if rest or key == "codecs" else None  # no v2 filters is null
 
 
-def inject_layout(doc: Document, layout: ShardLayout, form: Layout = "transformer") -> None:
-    """Record ``layout`` in a plain array document in place, replacing any earlier
+def inject_sharding(doc: Document, fmt: IndexedFormat, form: Layout = "transformer") -> None:
+    """Record ``fmt`` in a plain array document in place, replacing any earlier
     entry: as our transformer entry plus the marker, or (``form="codec"``, zarr v3
     only) as standard ``sharding_indexed`` metadata, which plain readers are meant
     to read (no marker)."""
     if form == "codec":
-        sharded = to_codec_form(doc, layout)
+        sharded = to_codec_form(doc, fmt)
         doc.clear()
         doc.update(sharded)
         return
     rest = [t for t in doc.get("storage_transformers") or [] if not _is_our_entry(t)]
-    doc["storage_transformers"] = [layout_entry(layout), *rest]
+    doc["storage_transformers"] = [transformer_entry(fmt), *rest]
     _add_marker(doc)
 
 
@@ -463,7 +397,7 @@ class ShardingPolicy:
         cps = self.chunks_per_shard
         return isinstance(cps, Mapping) and any(k.strip("/") == path for k in cps)
 
-    def layout_for(self, path: str, doc: Document, ndim: int) -> ShardLayout | None:
+    def format_for(self, path: str, doc: Document, ndim: int) -> IndexedFormat | None:
         cps = self.chunks_per_shard
         if cps is None:
             return None
@@ -477,5 +411,10 @@ class ShardingPolicy:
             return None
         if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
             raise ShardingConfigError(f"array {path or '/'!r}: chunks_per_shard {chosen!r} is not a sequence")
-        layout = ShardLayout(tuple(chosen), self.index_location, self.index_checksum)  # type: ignore[arg-type]
-        return validate_layout(path, layout, ndim)
+        where = f"array {path or '/'!r}"
+        config = {
+            "chunks_per_shard": list(chosen),
+            "index_location": self.index_location,
+            "index_checksum": self.index_checksum,
+        }
+        return check_rank(path, IndexedFormat.from_config(config, where), ndim)

@@ -5,7 +5,7 @@ zarr must see plain array metadata (zarr-python refuses our
 readers fail), while the inner store must keep the sharding config. Reads
 strip it (:func:`~shardstore.metadata.present_document`), writes decide or
 keep each array's sharding and record it again
-(:func:`~shardstore.metadata.inject_layout`), consolidated copies included.
+(:func:`~shardstore.metadata.inject_sharding`), consolidated copies included.
 Every document read or written feeds the catalog.
 """
 
@@ -19,7 +19,7 @@ from zarr.abc.store import ByteRequest
 
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning
-from shardstore.format import ShardLayout
+from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore, slice_range
 from shardstore.keys import split_key
 from shardstore.metadata import (
@@ -31,7 +31,7 @@ from shardstore.metadata import (
     array_info,
     consolidated_arrays,
     dump_document,
-    inject_layout,
+    inject_sharding,
     load_document,
     present_document,
 )
@@ -80,17 +80,17 @@ class MetadataGateway:
             if written is not None:
                 itself = written.form == "codec" or written.codec_sharded  # zarr's own sharding codec
                 self._catalog.zarr_shards(path, itself)
-                decided = None if itself else await self._layout_for_written(path, name, written, doc)
+                decided = None if itself else await self._format_for_written(path, name, written, doc)
                 if decided is not None:
-                    inject_layout(doc, *decided)
+                    inject_sharding(doc, *decided)
                     changed = True
             children = consolidated_arrays(name, doc)
             infos = await asyncio.gather(
                 *(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children)
             )
             for child, info in zip(children.values(), infos, strict=True):
-                if info is not None and info.layout is not None:
-                    inject_layout(child, info.layout, info.form)
+                if info is not None and info.shard_format is not None:
+                    inject_sharding(child, info.shard_format, info.form)
                     changed = True
             if changed:
                 raw = dump_document(doc)
@@ -101,17 +101,17 @@ class MetadataGateway:
         await self._inner.set(key, raw)
         self._catalog.remember(*split_key(key), raw)
 
-    async def _layout_for_written(
+    async def _format_for_written(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[ShardLayout, Layout] | None:
+    ) -> tuple[IndexedFormat, Layout] | None:
         """How a plain array document zarr writes is to be sharded, and in which form."""
-        if written.layout is not None:  # the writer recorded a config itself
-            return written.layout, "transformer"
+        if written.shard_format is not None:  # the writer recorded a config itself
+            return written.shard_format, "transformer"
         existing = await self._catalog.document(path, name)  # the document being replaced
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
-            return None if existing.layout is None else (existing.layout, existing.form)
-        return self._new_layout(path, name, written, doc)
+            return None if existing.shard_format is None else (existing.shard_format, existing.form)
+        return self._new_format(path, name, written, doc)
 
     def check_new_array(self, key: str, raw: bytes) -> None:
         """Raise ShardingConfigError if writing this new array document would (a dry
@@ -121,13 +121,13 @@ class MetadataGateway:
         written = None if doc is None else array_info(path, name, doc)
         if doc is None or written is None:
             return
-        if written.layout is None and written.form == "transformer" and not written.codec_sharded:
-            self._new_layout(path, name, written, doc)
+        if written.shard_format is None and written.form == "transformer" and not written.codec_sharded:
+            self._new_format(path, name, written, doc)
 
-    def _new_layout(
+    def _new_format(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[ShardLayout, Layout] | None:
-        layout = self._policy.layout_for(path, doc, written.ndim)
+    ) -> tuple[IndexedFormat, Layout] | None:
+        layout = self._policy.format_for(path, doc, written.ndim)
         if layout is None:
             return None
         form = self._form

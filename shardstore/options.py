@@ -15,7 +15,7 @@ from shardstore.errors import ShardingConfigError
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.metadata import Layout
-from shardstore.writer import WriteStrategy
+from shardstore.writing.writer import WriteStrategy
 
 __all__ = [
     "AUTO_WHOLE_SHARD_BYTES",

@@ -3,7 +3,7 @@
 zarr above sees ordinary chunk keys; the inner store below sees shard
 objects. Keys that are not chunk keys of a sharded array pass through
 unchanged. Reads fetch shard indices, then chunk ranges, each round as one
-batch; writes go to the :class:`~shardstore.writer.ShardWriter`; listings
+batch; writes go to the :class:`~shardstore.writing.writer.ShardWriter`; listings
 read the indices so that they report exactly the chunks present.
 """
 
@@ -19,12 +19,9 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress, locate
-from shardstore.cache import IndexCache, ShardCache
 from shardstore.catalog import ArrayCatalog
-from shardstore.coalescing import ReadCoalescer
-from shardstore.commits import Splice, Update, apply_updates, independent_of_old
 from shardstore.errors import ChunkKeyError
-from shardstore.format import ShardIndex
+from shardstore.formats.indexed import ShardIndex
 from shardstore.inner import InnerStore, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import check_key, split_key
@@ -37,8 +34,11 @@ from shardstore.metadata import (
 )
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
-from shardstore.reader import ShardReader
-from shardstore.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
+from shardstore.reading.cache import IndexCache, ShardCache
+from shardstore.reading.coalescing import ReadCoalescer
+from shardstore.reading.reader import ShardReader
+from shardstore.writing.updates import Splice, Update, apply_updates, independent_of_old
+from shardstore.writing.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
 
@@ -260,9 +260,9 @@ class ShardingStore(Store):
         path = path.strip("/")
         info = await self._catalog.lookup(path)
         if info is not None:
-            return None if info.layout is None else info.layout.chunks_per_shard
+            return None if info.shard_format is None else info.shard_format.chunks_per_shard
         doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
-        layout = self._policy.layout_for(path, doc, len(shape))
+        layout = self._policy.format_for(path, doc, len(shape))
         return None if layout is None else layout.chunks_per_shard
 
     def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> _BatchScope:
@@ -301,10 +301,10 @@ class ShardingStore(Store):
         if known is not None and known[0] == self._catalog.generation:
             return known[1]
         info = await self._catalog.array_for_key(key)
-        if writing and (info is None or (info.layout is not None and not self._in_grid(info, key))):
+        if writing and (info is None or (info.shard_format is not None and not self._in_grid(info, key))):
             # The array may have been created or grown through another store instance.
             info = await self._catalog.array_for_key(key, refresh=True)
-        if info is None or info.layout is None:
+        if info is None or info.shard_format is None:
             return None
         coords = info.coords(key)
         if writing and (coords is None or not info.in_grid(coords)):
@@ -546,7 +546,7 @@ class ShardingStore(Store):
         plain: list[str] = []
         async for key in self._inner.list_prefix(inner_prefix):
             info = await self._catalog.array_for_key(key)
-            coords = info.coords(key) if info is not None and info.layout is not None else None
+            coords = info.coords(key) if info is not None and info.shard_format is not None else None
             if info is not None and coords is not None:
                 shards.append(ShardAddress(info, key, coords))
             elif key.startswith(prefix):

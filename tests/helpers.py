@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from shardstore import ShardingStore
-from shardstore.format import ShardLayout, split_shard
+from shardstore.formats.indexed import IndexedFormat
 
 
 def inner_keys(store: ShardingStore) -> list[str]:
@@ -29,10 +29,10 @@ def logical_keys(store: ShardingStore, prefix: str = "") -> list[str]:
     return asyncio.run(collect())
 
 
-def shard_chunks(store: ShardingStore, key: str, layout: ShardLayout) -> dict[int, bytes]:
+def shard_chunks(store: ShardingStore, key: str, layout: IndexedFormat) -> dict[int, bytes]:
     raw = inner_get(store, key)
     assert raw is not None, key
-    return split_shard(layout, raw, key)
+    return layout.split(raw, key)
 
 
 def sample(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:

@@ -19,9 +19,9 @@ from zarr.storage import LocalStore
 
 from shardstore import ShardingStore
 from shardstore.errors import ShardFormatError
-from shardstore.format import MISSING, ShardLayout, decode_index, encode_index
+from shardstore.formats.indexed import MISSING, IndexedFormat
 
-LAYOUT = ShardLayout((2, 2))
+LAYOUT = IndexedFormat((2, 2))
 SHARD = "a/c/0/0"
 
 DAMAGE = {
@@ -35,9 +35,9 @@ DAMAGE = {
 
 
 def _damage(raw: bytes, position: int, offset: int, nbytes: int) -> bytes:
-    index = decode_index(LAYOUT, raw[-LAYOUT.index_nbytes :], SHARD).copy()
+    index = LAYOUT.decode_index(raw[-LAYOUT.index_nbytes :], SHARD).copy()
     index[position] = (offset, nbytes)
-    return raw[: -LAYOUT.index_nbytes] + encode_index(LAYOUT, index)
+    return raw[: -LAYOUT.index_nbytes] + LAYOUT.encode_index(index)
 
 
 def _inners(tmp_path: Path, s3: Any | None) -> dict[str, tuple[Any, dict[str, Any] | None]]:

@@ -20,7 +20,7 @@ from shardstore import (
     ShardingStore,
     ShardStoreError,
 )
-from shardstore.format import ShardLayout, empty_index, encode_index
+from shardstore.formats.indexed import IndexedFormat
 
 
 def _sharded(inner: Any | None = None) -> tuple[ShardingStore, zarr.Array, dict[str, Any]]:
@@ -41,10 +41,10 @@ def test_truncated_shard_raises_format_error_naming_shard() -> None:
 
 def test_index_pointing_past_the_end() -> None:
     store, _, backing = _sharded()
-    layout = ShardLayout((2, 2))
-    index = empty_index(layout)
+    layout = IndexedFormat((2, 2))
+    index = layout.empty_index()
     index[0] = (0, 10_000)
-    backing["a/c/0/0"] = b"x" * 16 + encode_index(layout, index)
+    backing["a/c/0/0"] = b"x" * 16 + layout.encode_index(index)
     with pytest.raises(ShardFormatError, match=r"a/c/0/0.*(runs past the end|outside the data area)"):
         zarr.open_array(store, path="a")[0, 0]
 

@@ -62,7 +62,7 @@ from shardstore.errors import (
     ShardFormatError,
     ShardStoreError,
 )
-from shardstore.format import MISSING, ShardLayout, decode_index, parse_shard, split_shard
+from shardstore.formats.indexed import MISSING, IndexedFormat
 from shardstore.inner import STALE, UNCHANGED, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.inner.delegating import DelegatingInner
@@ -72,7 +72,7 @@ from shardstore.maintenance import compact, shard_reports
 # 1. Fault injection
 # ----------------------------------------------------------------------------------------
 
-LAYOUT = ShardLayout((2, 2))
+LAYOUT = IndexedFormat((2, 2))
 SHAPE = (8, 8)
 CHUNK = 2
 GRID = SHAPE[0] // CHUNK  # 4 x 4 chunks, 2 x 2 shards of 2 x 2 chunks
@@ -295,8 +295,8 @@ class FaultyInner(DelegatingInner):
             raise _injected("update (acknowledgement lost)", key)
 
     def _record_rewrite(self, key: str, old: bytes | None, new: bytes | None) -> None:
-        before = {} if old is None else split_shard(LAYOUT, old, key)
-        after = {} if new is None else split_shard(LAYOUT, new, key)
+        before = {} if old is None else LAYOUT.split(old, key)
+        after = {} if new is None else LAYOUT.split(new, key)
         if old is None and new is None:  # a whole shard deleted unread
             changed = frozenset(range(LAYOUT.n_chunks))
         else:
@@ -322,8 +322,8 @@ class FaultyInner(DelegatingInner):
             payload = build(size, faulty_read)
             if payload:
                 n = LAYOUT.index_nbytes
-                before = decode_index(LAYOUT, read(size - n, size), key)
-                after = decode_index(LAYOUT, payload[-n:], key)
+                before = LAYOUT.decode_index(read(size - n, size), key)
+                after = LAYOUT.decode_index(payload[-n:], key)
                 changed = frozenset(int(p) for p in np.flatnonzero((before != after).any(axis=1)))
                 with self._lock:
                     self.commits.append(Commit(key, changed))
@@ -848,12 +848,12 @@ def _fuzz_target(backend: str, config: str, tmp_root: Path) -> FuzzTarget:
         compressors=zarr.codecs.ZstdCodec() if compressed else None,
     )
     arr[:] = FUZZ_DATA
-    layout = ShardLayout((2, 2), index_checksum=checksum)
+    layout = IndexedFormat((2, 2), index_checksum=checksum)
     originals: dict[bytes, np.ndarray] = {}
     for sr in range(2):
         for sc in range(2):
             blob = sync(adapt(raw).get(f"a/c/{sr}/{sc}"))
-            for pos, chunk in split_shard(layout, blob, "x").items():
+            for pos, chunk in layout.split(blob, "x").items():
                 r, c = 2 * sr + pos // 2, 2 * sc + pos % 2
                 originals[chunk] = _chunk(FUZZ_DATA, r, c).copy()
     good = sync(adapt(raw).get(FUZZ_KEY))
@@ -1219,7 +1219,7 @@ def test_chunk_range_into_the_index_is_refused(backend: str, read: str) -> None:
         reader[0:2, 2:4] if read == "one chunk" else reader[:]  # actual: [[0, 0], [16, 0]]
 
 
-def _model_index(layout: ShardLayout, raw: bytes, size: int | None) -> list[tuple[int, int] | None] | None:
+def _model_index(layout: IndexedFormat, raw: bytes, size: int | None) -> list[tuple[int, int] | None] | None:
     """The test's own reading of an index (None: refused). ``size``: the whole object's
     size, to check ranges against the data area; None for an index read alone, where
     only the index itself is judged (entries of 2**53 or more are refused: no object
@@ -1261,9 +1261,9 @@ def _model_index(layout: ShardLayout, raw: bytes, size: int | None) -> list[tupl
 
 
 @st.composite
-def layouts_and_objects(draw: st.DrawFn) -> tuple[ShardLayout, bytes]:
+def layouts_and_objects(draw: st.DrawFn) -> tuple[IndexedFormat, bytes]:
     cps = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))
-    layout = ShardLayout(cps, draw(st.sampled_from(["start", "end"])), draw(st.booleans()))
+    layout = IndexedFormat(cps, draw(st.sampled_from(["start", "end"])), draw(st.booleans()))
     if draw(st.booleans()):
         return layout, draw(st.binary(max_size=3 * layout.index_nbytes))
     data = draw(st.binary(max_size=120))
@@ -1292,14 +1292,14 @@ FORMAT_EXAMPLES = 400
 @settings(max_examples=FORMAT_EXAMPLES, deadline=None, database=None)
 @seed(20240917)
 @given(case=layouts_and_objects())
-def test_decode_index_and_parse_shard_on_arbitrary_bytes(case: tuple[ShardLayout, bytes]) -> None:
+def test_decode_index_and_parse_shard_on_arbitrary_bytes(case: tuple[IndexedFormat, bytes]) -> None:
     """ShardFormatError or a checked index, exactly when the test's own reading says so;
     nothing else, and no allocation beyond the object's size."""
     layout, blob = case
     raw_index = blob[layout.index_slice(len(blob))] if len(blob) >= layout.index_nbytes else blob
     for what, call, size in (
-        ("decode_index", lambda: decode_index(layout, raw_index, "k/c/0"), None),
-        ("parse_shard", lambda: parse_shard(layout, blob, "k/c/0"), len(blob)),
+        ("decode_index", lambda: layout.decode_index(raw_index, "k/c/0"), None),
+        ("parse_shard", lambda: layout.parse(blob, "k/c/0"), len(blob)),
     ):
         tracemalloc.start()
         try:
@@ -1325,7 +1325,7 @@ def test_decode_index_and_parse_shard_on_arbitrary_bytes(case: tuple[ShardLayout
         got = [None if int(o) == MISSING else (int(o), int(n)) for o, n in result]
         assert got == expected, (what, got, expected)
         if size is not None:
-            chunks = split_shard(layout, blob, "k/c/0")
+            chunks = layout.split(blob, "k/c/0")
             assert chunks == {p: blob[e[0] : e[0] + e[1]] for p, e in enumerate(expected) if e is not None}
 
 

@@ -12,19 +12,13 @@ import pytest
 from hypothesis import given
 
 from shardstore.errors import ShardFormatError
-from shardstore.format import (
+from shardstore.formats.indexed import (
     MISSING,
-    ShardLayout,
-    build_shard,
-    check_ranges,
-    decode_index,
-    empty_index,
-    encode_index,
-    split_shard,
+    IndexedFormat,
 )
 
 layouts = st.builds(
-    ShardLayout,
+    IndexedFormat,
     st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
     st.sampled_from(["start", "end"]),
     st.booleans(),
@@ -32,24 +26,24 @@ layouts = st.builds(
 
 
 @st.composite
-def layouts_and_chunks(draw: st.DrawFn) -> tuple[ShardLayout, dict[int, bytes]]:
+def layouts_and_chunks(draw: st.DrawFn) -> tuple[IndexedFormat, dict[int, bytes]]:
     layout = draw(layouts)
     positions = draw(st.sets(st.integers(0, layout.n_chunks - 1)))
     return layout, {p: draw(st.binary(max_size=40)) for p in positions}
 
 
 @given(layouts_and_chunks())
-def test_build_then_split_roundtrip(case: tuple[ShardLayout, dict[int, bytes]]) -> None:
+def test_build_then_split_roundtrip(case: tuple[IndexedFormat, dict[int, bytes]]) -> None:
     layout, chunks = case
-    shard = build_shard(layout, chunks)
+    shard = layout.build(chunks)
     assert len(shard) == sum(map(len, chunks.values())) + layout.index_nbytes
-    assert split_shard(layout, shard, "k") == chunks
+    assert layout.split(shard, "k") == chunks
 
 
 @given(layouts_and_chunks())
-def test_index_is_little_endian_pairs_in_c_order(case: tuple[ShardLayout, dict[int, bytes]]) -> None:
+def test_index_is_little_endian_pairs_in_c_order(case: tuple[IndexedFormat, dict[int, bytes]]) -> None:
     layout, chunks = case
-    shard = build_shard(layout, chunks)
+    shard = layout.build(chunks)
     raw = shard[: layout.index_nbytes] if layout.index_location == "start" else shard[-layout.index_nbytes :]
     pairs = np.frombuffer(raw[: 16 * layout.n_chunks], dtype="<u8").reshape(-1, 2)
     for pos in range(layout.n_chunks):
@@ -63,18 +57,18 @@ def test_index_is_little_endian_pairs_in_c_order(case: tuple[ShardLayout, dict[i
 
 
 @given(layouts)
-def test_index_encode_decode_roundtrip(layout: ShardLayout) -> None:
-    index = empty_index(layout)
+def test_index_encode_decode_roundtrip(layout: IndexedFormat) -> None:
+    index = layout.empty_index()
     n = len(index[::2])
     index[::2, 0] = np.arange(n, dtype=np.uint64) * 10  # disjoint ranges
     index[::2, 1] = np.arange(n, dtype=np.uint64) % 10
-    assert np.array_equal(decode_index(layout, encode_index(layout, index), "k"), index)
+    assert np.array_equal(layout.decode_index(layout.encode_index(index), "k"), index)
 
 
 def test_spec_example_index_size() -> None:
     # sharding_indexed v1.0: 4 chunks with [bytes, crc32c] index codecs -> 68 bytes
-    assert ShardLayout((2, 2), "end", True).index_nbytes == 68
-    assert ShardLayout((32, 2)).index_nbytes == 1024
+    assert IndexedFormat((2, 2), "end", True).index_nbytes == 68
+    assert IndexedFormat((32, 2)).index_nbytes == 1024
 
 
 @pytest.mark.parametrize(
@@ -88,23 +82,23 @@ def test_spec_example_index_size() -> None:
 )
 def test_inconsistent_indices_are_damage(pairs: list[list[int]], message: str) -> None:
     """Each chunk has bytes of its own: overlapping or duplicated entries are damage."""
-    layout = ShardLayout((2,))
-    shard = b"abcd" + encode_index(layout, np.array(pairs, dtype=np.uint64))
+    layout = IndexedFormat((2,))
+    shard = b"abcd" + layout.encode_index(np.array(pairs, dtype=np.uint64))
     with pytest.raises(ShardFormatError, match=message):
-        split_shard(layout, shard, "k")
+        layout.split(shard, "k")
 
 
 def test_empty_chunks_are_data() -> None:
-    layout = ShardLayout((2,))
-    shard = build_shard(layout, {0: b"", 1: b"ab"})
-    assert split_shard(layout, shard, "k") == {0: b"", 1: b"ab"}
+    layout = IndexedFormat((2,))
+    shard = layout.build({0: b"", 1: b"ab"})
+    assert layout.split(shard, "k") == {0: b"", 1: b"ab"}
 
 
-LAYOUT = ShardLayout((2, 2))
+LAYOUT = IndexedFormat((2, 2))
 
 
 def _shard() -> bytes:
-    return build_shard(LAYOUT, {0: b"aaaa", 3: b"bb"})
+    return LAYOUT.build({0: b"aaaa", 3: b"bb"})
 
 
 @pytest.mark.parametrize(
@@ -117,15 +111,15 @@ def _shard() -> bytes:
 )
 def test_truncated_shards(corrupt: object, message: str) -> None:
     with pytest.raises(ShardFormatError, match=message) as info:
-        split_shard(LAYOUT, corrupt(_shard()), "arr/c/0/0")  # type: ignore[operator]
+        LAYOUT.split(corrupt(_shard()), "arr/c/0/0")  # type: ignore[operator]
     assert "arr/c/0/0" in str(info.value)
 
 
 def _with_entry(pos: int, offset: int, nbytes: int) -> bytes:
-    index = empty_index(LAYOUT)
+    index = LAYOUT.empty_index()
     index[0] = (0, 4)
     index[pos] = (offset, nbytes)
-    return b"aaaabb" + encode_index(LAYOUT, index)
+    return b"aaaabb" + LAYOUT.encode_index(index)
 
 
 @pytest.mark.parametrize(
@@ -140,30 +134,30 @@ def _with_entry(pos: int, offset: int, nbytes: int) -> bytes:
 )
 def test_bad_index_entries(offset: int, nbytes: int, message: str) -> None:
     with pytest.raises(ShardFormatError, match=message) as info:
-        split_shard(LAYOUT, _with_entry(2, offset, nbytes), "arr/c/1")
+        LAYOUT.split(_with_entry(2, offset, nbytes), "arr/c/1")
     assert ("arr/c/1" in str(info.value) and "chunk 2" in str(info.value)) or "entry 2" in str(info.value)
 
 
 def test_index_at_start_ranges_exclude_the_index() -> None:
-    layout = ShardLayout((2,), "start")
+    layout = IndexedFormat((2,), "start")
     index = np.array([[0, 4], [MISSING, MISSING]], dtype=np.uint64)  # offset 0 is inside the index
     with pytest.raises(ShardFormatError, match="outside the data area"):
-        check_ranges(layout, index, 40, "k")
+        layout.check_ranges(index, 40, "k")
 
 
 def test_checksum_mismatch() -> None:
-    layout = ShardLayout((2, 2), "end", True)
-    shard = bytearray(build_shard(layout, {1: b"xyz"}))
+    layout = IndexedFormat((2, 2), "end", True)
+    shard = bytearray(layout.build({1: b"xyz"}))
     shard[-1] ^= 0xFF
     with pytest.raises(ShardFormatError, match="checksum mismatch"):
-        split_shard(layout, bytes(shard), "k")
+        layout.split(bytes(shard), "k")
 
 
 @given(st.binary(min_size=64, max_size=200))
 def test_garbage_never_escapes_as_other_errors(garbage: bytes) -> None:
     """Random bytes either parse into in-bounds chunks or raise ShardFormatError."""
     try:
-        chunks = split_shard(LAYOUT, garbage, "k")
+        chunks = LAYOUT.split(garbage, "k")
     except ShardFormatError:
         return
     assert all(len(v) <= len(garbage) - 64 for v in chunks.values())
@@ -172,7 +166,7 @@ def test_garbage_never_escapes_as_other_errors(garbage: bytes) -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 50)), max_size=30), st.integers(0, 100))
 def test_merge_ranges_covers_every_range_and_keeps_gaps(pairs: list[tuple[int, int]], gap: int) -> None:
-    from shardstore.reader import merge_ranges
+    from shardstore.reading.reader import merge_ranges
 
     ranges = [(i, start, start + length) for i, (start, length) in enumerate(pairs)]
     spans = merge_ranges(ranges, gap)

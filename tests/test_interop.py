@@ -19,7 +19,7 @@ from zarr.storage import LocalStore
 
 from shardstore import ShardFormatError, ShardingConfigError, ShardingPassthroughWarning, ShardingStore
 from shardstore.cli import main as cli
-from shardstore.format import ShardLayout, decode_index
+from shardstore.formats.indexed import IndexedFormat
 from shardstore.layouts import switch_layout
 
 ts = pytest.importorskip("tensorstore")
@@ -300,9 +300,9 @@ def test_transformer_layout_records_index_options(tmp_path: Path, location: str,
     config = doc["storage_transformers"][0]["configuration"]
     names = [c["name"] for c in config["index_codecs"]]
     assert (config["index_location"], names) == (location, ["bytes", "crc32c"] if checksum else ["bytes"])
-    layout = ShardLayout(CPS, location, checksum)  # type: ignore[arg-type]
+    layout = IndexedFormat(CPS, location, checksum)  # type: ignore[arg-type]
     raw = (tmp_path / "a" / "c" / "0" / "1").read_bytes()
-    decode_index(layout, raw[layout.index_slice(len(raw))], "a/c/0/1")
+    layout.decode_index(raw[layout.index_slice(len(raw))], "a/c/0/1")
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path)), path="a")[:], _expected())
 
 

@@ -10,7 +10,7 @@ import pytest
 import zarr
 
 from shardstore import ShardingStore
-from shardstore.format import ShardLayout
+from shardstore.formats.indexed import IndexedFormat
 
 from .helpers import inner_get, inner_keys, logical_keys, sample, shard_chunks
 
@@ -189,7 +189,7 @@ def test_chunk_bytes_equal_unsharded_zarr(codec: str) -> None:
             store, name="b", shape=data.shape, chunks=(3, 4), dtype="f4", compressors=compressors
         )
         arr[:] = data
-    layout = ShardLayout((2, 2))
+    layout = IndexedFormat((2, 2))
     for i in range(4):
         for j in range(3):
             expected = plain._store_dict[f"b/c/{i}/{j}"].to_bytes()

@@ -1,4 +1,4 @@
-"""Unit tests of shardstore.batching.WriteBuffer: the buffer behind ``store.batch()``."""
+"""Unit tests of shardstore.writing.batch_buffer.WriteBuffer: the buffer behind ``store.batch()``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from shardstore.batching import Held, WriteBuffer
-from shardstore.commits import Splice, Update
+from shardstore.writing.batch_buffer import Held, WriteBuffer
+from shardstore.writing.updates import Splice, Update
 
 Updates = dict[int, list[Update]]
 

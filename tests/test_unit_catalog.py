@@ -80,7 +80,7 @@ def test_remember_a_v3_array_document() -> None:
     assert info is not None
     assert (info.path, info.shape, info.chunks) == ("g/a", (8, 6), (2, 3))
     assert info.grammar == ChunkKeyGrammar("default", "/")
-    assert info.layout is not None and info.layout.chunks_per_shard == (2, 2)
+    assert info.shard_format is not None and info.shard_format.chunks_per_shard == (2, 2)
     assert info.itemsize == 2
     assert catalog.generation == before + 1
     assert counted.counts.reads == 0
@@ -93,7 +93,7 @@ def test_remember_a_v2_array_document() -> None:
     assert info is not None
     assert (info.path, info.shape, info.chunks) == ("old", (8, 8), (4, 2))
     assert info.grammar == ChunkKeyGrammar("v2", ".")
-    assert info.layout is not None and info.layout.chunks_per_shard == (2, 2)
+    assert info.shard_format is not None and info.shard_format.chunks_per_shard == (2, 2)
 
 
 def test_remember_none_records_an_absent_document() -> None:
@@ -345,7 +345,7 @@ def test_a_codec_sharded_array_is_served_unless_zarr_shards_it_itself() -> None:
 
     served = catalog.remember("s", "zarr.json", raw)
     assert served is not None and served.form == "codec" and not served.codec_sharded
-    assert served.layout is not None and served.layout.chunks_per_shard == (2, 2)
+    assert served.shard_format is not None and served.shard_format.chunks_per_shard == (2, 2)
     assert served.chunks == (2, 2)  # the inner chunks
     assert not catalog.zarr_sharded("s")
 
@@ -353,13 +353,13 @@ def test_a_codec_sharded_array_is_served_unless_zarr_shards_it_itself() -> None:
     assert catalog.zarr_sharded("s")
     assert not catalog.zarr_sharded("other")
     passed = catalog.remember("s", "zarr.json", raw)
-    assert passed is not None and passed.layout is None and passed.codec_sharded
+    assert passed is not None and passed.shard_format is None and passed.codec_sharded
     assert passed.form == "transformer"
 
     catalog.zarr_shards("s", False)
     assert not catalog.zarr_sharded("s")
     again = catalog.remember("s", "zarr.json", raw)
-    assert again is not None and again.form == "codec" and again.layout is not None
+    assert again is not None and again.form == "codec" and again.shard_format is not None
 
 
 def test_zarr_shards_leaves_our_own_sharding_alone() -> None:
@@ -367,4 +367,4 @@ def test_zarr_shards_leaves_our_own_sharding_alone() -> None:
     catalog, _, _ = counted_catalog()
     catalog.zarr_shards("g/a", True)
     info = catalog.remember("g/a", "zarr.json", documents()["g/a/zarr.json"])
-    assert info is not None and info.layout is not None and not info.codec_sharded
+    assert info is not None and info.shard_format is not None and not info.codec_sharded

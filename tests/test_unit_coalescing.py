@@ -1,4 +1,4 @@
-"""Unit tests of shardstore.coalescing.ReadCoalescer: one batched read per loop turn."""
+"""Unit tests of shardstore.reading.coalescing.ReadCoalescer: one batched read per loop turn."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from zarr.abc.store import ByteRequest, RangeByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, cpu, default_buffer_prototype
 
-from shardstore.coalescing import ReadCoalescer
+from shardstore.reading.coalescing import ReadCoalescer
 
 Request = tuple[str, ByteRequest | None]
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""Unit tests of shardstore.commits: update arithmetic and the per-shard CommitQueue.
+"""Unit tests of shardstore.writing.commit_queue: update arithmetic and the per-shard CommitQueue.
 
 The queue is driven with a fake ``commit`` that records each call and waits on a
 gate the test opens, so every assertion is about counts and order, never timings.
@@ -15,15 +15,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from shardstore.commits import (
-    CommitQueue,
-    Splice,
-    Update,
-    apply_updates,
-    independent_of_old,
-    merge_updates,
-    outcome,
-)
+from shardstore.writing.commit_queue import CommitQueue, outcome
+from shardstore.writing.updates import Splice, Update, apply_updates, independent_of_old, merge_updates
 
 Updates = dict[int, list[Update]]
 T = TypeVar("T")

@@ -22,7 +22,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from shardstore import ShardingStore
-from shardstore.format import MISSING, ShardLayout, encode_index, shard_problems
+from shardstore.formats.indexed import MISSING, IndexedFormat
 from shardstore.maintenance import compact, info, leftovers, list_keys, shard_reports, verify
 
 SHARD = "a/c/0/1"  # chunks a/c/0/2, a/c/0/3, a/c/1/2, a/c/1/3
@@ -38,7 +38,7 @@ def _array(tmp_path: Path, compressed: bool = False, **options: Any) -> Path:
     return root
 
 
-LAYOUT = ShardLayout((2, 2))
+LAYOUT = IndexedFormat((2, 2))
 
 
 def _index(path: Path) -> Any:
@@ -49,7 +49,7 @@ def _index(path: Path) -> Any:
 def _set_entry(path: Path, position: int, offset: int, nbytes: int) -> None:
     index = _index(path)
     index[position] = (offset, nbytes)
-    path.write_bytes(path.read_bytes()[: -LAYOUT.index_nbytes] + encode_index(LAYOUT, index))
+    path.write_bytes(path.read_bytes()[: -LAYOUT.index_nbytes] + LAYOUT.encode_index(index))
 
 
 def _entry(position: int, change: Callable[[Any], tuple[int, int]]) -> Callable[[Path], None]:
@@ -146,9 +146,9 @@ def test_fixed_chunk_sizes_with_a_crc32c_codec_and_in_v2(tmp_path: Path, version
 
 
 def test_every_problem_of_a_shard_is_listed() -> None:
-    layout = ShardLayout((2, 2))
+    layout = IndexedFormat((2, 2))
     index = np.array([[0, 8], [MISSING, 8], [10_000, 8], [0, 0]], dtype=np.uint64)
-    problems = shard_problems(layout, bytes(16) + encode_index(layout, index), chunk_nbytes=16)
+    problems = layout.problems(bytes(16) + layout.encode_index(index), chunk_nbytes=16)
     kinds = ["only one of offset/nbytes", "truncated", "zero-length", "short entries"]
     assert [next(k for k in kinds if k in p) for p in problems] == kinds
 

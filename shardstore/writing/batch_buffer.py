@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shardstore.commits import Splice, Update, merge_updates
+from shardstore.writing.updates import ShardUpdates, Splice, Update, merge_updates
 
 __all__ = ["Held", "WriteBuffer"]
 
@@ -33,13 +33,13 @@ class Held(Generic[T]):
 
     shard_key: str
     target: T
-    updates: dict[int, list[Update]] = field(default_factory=dict)
+    updates: ShardUpdates = field(default_factory=dict)
     nbytes: int = 0
     done: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
 
 
 class WriteBuffer(Generic[T]):
-    def __init__(self, max_bytes: int, ready: Callable[[T, dict[int, list[Update]]], bool]) -> None:
+    def __init__(self, max_bytes: int, ready: Callable[[T, ShardUpdates], bool]) -> None:
         self.max_bytes = max_bytes
         self._ready = ready
         self._lock = threading.Lock()
@@ -107,7 +107,7 @@ class WriteBuffer(Generic[T]):
     def updates_for(self, shard_key: str, position: int) -> list[Update] | None:
         """Updates to one chunk not yet in the inner store, oldest first (None: none)."""
         with self._lock:
-            merged: dict[int, list[Update]] = {}
+            merged: ShardUpdates = {}
             for held in [*self._committing.get(shard_key, []), self._open.get(shard_key)]:
                 if held is not None and position in held.updates:
                     merge_updates(merged, {position: held.updates[position]})

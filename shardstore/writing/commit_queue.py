@@ -27,55 +27,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
-__all__ = [
-    "CommitQueue",
-    "Splice",
-    "Update",
-    "apply_updates",
-    "independent_of_old",
-    "merge_updates",
-    "outcome",
-]
+from shardstore.writing.updates import ShardUpdates, Update, merge_updates
 
-
-@dataclass(frozen=True)
-class Splice:
-    """Overwrite part of a chunk's bytes from ``start`` (a ZEP 2 partial write)."""
-
-    start: int
-    data: bytes
-
-
-Update: TypeAlias = bytes | Splice | None
-"""New bytes for a chunk, a splice into its current bytes, or None to erase it."""
-
-
-def apply_updates(old: bytes | None, updates: list[Update]) -> bytes | None:
-    value = old
-    for update in updates:
-        if isinstance(update, Splice):
-            buf = bytearray(value or b"")
-            if update.start > len(buf):  # as a file written past its end: a gap of zeros
-                buf.extend(bytes(update.start - len(buf)))
-            buf[update.start : update.start + len(update.data)] = update.data
-            value = bytes(buf)
-        else:
-            value = update
-    return value
-
-
-def independent_of_old(updates: list[Update]) -> bool:
-    """Whether the chunk's new value can be known without reading the old one."""
-    return bool(updates) and not isinstance(updates[0], Splice)
-
-
-def merge_updates(into: dict[int, list[Update]], updates: Mapping[int, list[Update]]) -> None:
-    """Add updates after those already queued: a full value replaces, a splice stacks."""
-    for pos, ups in updates.items():
-        if independent_of_old(ups):
-            into[pos] = list(ups)
-        else:
-            into.setdefault(pos, []).extend(ups)
+__all__ = ["CommitQueue", "outcome"]
 
 
 T = TypeVar("T")
@@ -92,7 +46,7 @@ async def outcome(future: concurrent.futures.Future[None]) -> None:
 class _Batch(Generic[T]):
     target: T
     loop: asyncio.AbstractEventLoop
-    updates: dict[int, list[Update]] = field(default_factory=dict)
+    updates: ShardUpdates = field(default_factory=dict)
     writers: int = 0
     done: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     grew: asyncio.Event | None = None
@@ -106,8 +60,8 @@ class _Batch(Generic[T]):
             self.loop.call_soon_threadsafe(self.grew.set)
 
 
-Commit: TypeAlias = Callable[[str, T, dict[int, list[Update]]], Awaitable[None]]
-Ready: TypeAlias = Callable[[T, dict[int, list[Update]]], bool]
+Commit: TypeAlias = Callable[[str, T, ShardUpdates], Awaitable[None]]
+Ready: TypeAlias = Callable[[T, ShardUpdates], bool]
 
 
 class CommitQueue(Generic[T]):

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from shardstore.format import ShardIndex, chunk_range
+from shardstore.formats.indexed import ShardIndex, chunk_range
 
 __all__ = ["IndexCache", "LruCache", "ShardCache", "ShardSnapshot"]
 

@@ -7,9 +7,9 @@ chunk bytes and a new index at the end of the shard, leaving the old bytes
 dead until :func:`shardstore.maintenance.compact`. Either way a commit is
 all-or-nothing: the previous shard stays readable if it fails.
 
-Commits go through a :class:`~shardstore.commits.CommitQueue` (one in flight
+Commits go through a :class:`~shardstore.writing.commit_queue.CommitQueue` (one in flight
 per shard, concurrent updates merged); inside ``store.batch()`` they are
-first held in a :class:`~shardstore.batching.WriteBuffer`.
+first held in a :class:`~shardstore.writing.batch_buffer.WriteBuffer`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from typing import Any, Literal
 import numpy as np
 import zarr
 
-from shardstore.addressing import ChunkAddress, ShardAddress, covers_shard
-from shardstore.batching import Held, WriteBuffer
-from shardstore.commits import CommitQueue, Update, apply_updates, independent_of_old, outcome
+from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import BatchCommitError
-from shardstore.format import MISSING, build_shard, check_ranges, decode_index, encode_index, split_shard
+from shardstore.formats.indexed import (
+    MISSING,
+)
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
+from shardstore.writing.batch_buffer import Held, WriteBuffer
+from shardstore.writing.commit_queue import CommitQueue, outcome
+from shardstore.writing.updates import ShardUpdates, Update, apply_updates, covers_shard, independent_of_old
 
 __all__ = ["DEFAULT_BATCH_BYTES", "ShardWriter", "WriteStrategy"]
 
@@ -83,7 +86,7 @@ class ShardWriter:
 
     # -- writing ------------------------------------------------------------------
 
-    async def write(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> None:
+    async def write(self, shard: ShardAddress, updates: ShardUpdates) -> None:
         """Apply updates to one shard: committed before returning, or buffered in a batch."""
         buffer = self._buffer
         due = None if buffer is None else buffer.add(shard.key, _Job(shard), updates)
@@ -189,37 +192,37 @@ class ShardWriter:
 
     # -- commits ------------------------------------------------------------------
 
-    async def _commit(self, shard_key: str, job: _Job, updates: dict[int, list[Update]]) -> None:
+    async def _commit(self, shard_key: str, job: _Job, updates: ShardUpdates) -> None:
         try:
             with failure("commit", shard_key):  # an inner store of the user's own may raise anything
                 await self._commit_by_strategy(job, updates)
         finally:
             self._on_commit(shard_key)
 
-    async def _commit_by_strategy(self, job: _Job, updates: dict[int, list[Update]]) -> None:
+    async def _commit_by_strategy(self, job: _Job, updates: ShardUpdates) -> None:
         shard = job.shard
         appendable = (
             self.strategy == "append"
             and not job.compact
             and self._inner.supports_append
-            and shard.layout.index_location == "end"
+            and shard.shard_format.index_location == "end"
             and not covers_shard(shard, updates)  # a whole new shard is written compact
         )
         if not appendable or not await self._append(shard, updates):
             await self._rewrite(shard, updates)
 
-    async def _rewrite(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> None:
+    async def _rewrite(self, shard: ShardAddress, updates: ShardUpdates) -> None:
         """One compact object for the whole shard; read the old one unless the updates cover it."""
 
         def change(blob: bytes | None) -> bytes | None:
-            chunks = {} if blob is None else split_shard(shard.layout, blob, shard.key)
+            chunks = {} if blob is None else shard.shard_format.split(blob, shard.key)
             for pos, ups in updates.items():
                 value = apply_updates(chunks.get(pos), ups)
                 if value is None:
                     chunks.pop(pos, None)
                 else:
                     chunks[pos] = value
-            return build_shard(shard.layout, chunks) if chunks else None
+            return shard.shard_format.build(chunks) if chunks else None
 
         # Every chunk new: no need to read the old shard. Either way the inner store
         # orders this against other writers of the shard (locks, conditional writes).
@@ -227,16 +230,16 @@ class ShardWriter:
             shard.key, change, read_old=not covers_shard(shard, updates), attempts=self._attempts
         )
 
-    async def _append(self, shard: ShardAddress, updates: dict[int, list[Update]]) -> bool:
+    async def _append(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
-        layout, emptied = shard.layout, False
+        layout, emptied = shard.shard_format, False
 
         def build(size: int, read: Any) -> bytes | None:
             nonlocal emptied
             if size < layout.index_nbytes:
-                split_shard(layout, read(0, size), shard.key)  # raises: too short for its index
-            index = decode_index(layout, read(size - layout.index_nbytes, size), shard.key)
-            check_ranges(layout, index, size, shard.key)
+                layout.split(read(0, size), shard.key)  # raises: too short for its index
+            index = layout.decode_index(read(size - layout.index_nbytes, size), shard.key)
+            layout.check_ranges(index, size, shard.key)
             new_index, parts, offset = index.copy(), [], size
             for pos, ups in updates.items():
                 offset_old, nbytes_old = (int(v) for v in index[pos])
@@ -255,7 +258,7 @@ class ShardWriter:
             if (new_index[:, 0] == MISSING).all():
                 emptied = True
                 return None
-            return b"".join(parts) + encode_index(layout, new_index)
+            return b"".join(parts) + layout.encode_index(new_index)
 
         if not await self._inner.append(shard.key, build):
             return False

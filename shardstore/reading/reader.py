@@ -22,25 +22,21 @@ from collections.abc import Hashable
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.addressing import ChunkAddress, ShardAddress
-from shardstore.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.errors import ShardConflictError, ShardFormatError
-from shardstore.format import (
+from shardstore.formats.indexed import (
+    IndexedFormat,
     ShardIndex,
-    ShardLayout,
-    check_ranges,
     chunk_range,
-    decode_index,
-    empty_index,
-    parse_shard,
 )
 from shardstore.inner import STALE, InnerStore
 from shardstore.inner.base import NOT_MODIFIED
 from shardstore.options import ReadPolicy
+from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
 
 __all__ = ["ShardReader"]
 
 
-def index_request(layout: ShardLayout) -> ByteRequest:
+def index_request(layout: IndexedFormat) -> ByteRequest:
     if layout.index_location == "start":
         return RangeByteRequest(0, layout.index_nbytes)
     return SuffixByteRequest(layout.index_nbytes)
@@ -294,9 +290,9 @@ class ShardReader:
     ) -> _Fetched:
         try:
             if raw is None:
-                snapshot = ShardSnapshot(b"", empty_index(shard.layout), sent, version)
+                snapshot = ShardSnapshot(b"", shard.shard_format.empty_index(), sent, version)
             else:
-                snapshot = ShardSnapshot(raw, parse_shard(shard.layout, raw, shard.key), sent, version)
+                snapshot = ShardSnapshot(raw, shard.shard_format.parse(raw, shard.key), sent, version)
         except ShardFormatError as exc:
             return None, exc
         if self._cacheable(shard.key, sent):
@@ -390,13 +386,13 @@ class ShardReader:
         if missing:
             sent = time.monotonic()
             raws = await self._inner.get_many_versioned(
-                [(s.key, index_request(s.layout)) for s in missing], [None] * len(missing)
+                [(s.key, s.shard_format.index_request()) for s in missing], [None] * len(missing)
             )
             for shard, (raw, version) in zip(missing, raws, strict=True):
-                index = None if raw is None else decode_index(shard.layout, raw, shard.key)
+                index = None if raw is None else shard.shard_format.decode_index(raw, shard.key)
                 size = self._inner.object_size(version)
                 if index is not None and size is not None:  # before any range is requested
-                    check_ranges(shard.layout, index, size, shard.key)
+                    shard.shard_format.check_ranges(index, size, shard.key)
                 if index is not None and self._cacheable(shard.key, sent):
                     self._indices.put(shard.key, (index, version))
                 found[shard.key] = (index, version)

@@ -1,0 +1,60 @@
+"""The shard-format interface: what the read, write and maintenance paths ask of
+a binary shard format, so that a second format plugs in beside the first.
+
+A format turns the chunks of one shard (an ``int`` each: an index position, or
+a uint64 chunk id) into one object and back, says where a reader finds the
+object's (first-level) index, and round-trips its own configuration (the
+``configuration`` of a ZEP 2 ``type``, or neuroglancer's ``sharding`` object).
+Implementations are frozen dataclasses of pure methods: no I/O.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from zarr.abc.store import ByteRequest
+
+__all__ = ["ShardFormat"]
+
+
+class ShardFormat(ABC):
+    """One binary shard format with its parameters."""
+
+    type_name: ClassVar[str]
+    """How configurations name the format (ZEP 2 ``type``, neuroglancer ``@type``)."""
+
+    @property
+    def appendable(self) -> bool:
+        """Whether new chunk bytes and a new index can be appended after a shard's old
+        bytes, the old index becoming dead bytes (``write_strategy="append"``)."""
+        return False
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: Mapping[str, Any], where: str) -> Self:
+        """The format a configuration describes; ShardingConfigError naming ``where``."""
+
+    @abstractmethod
+    def to_config(self) -> dict[str, Any]:
+        """The configuration :meth:`from_config` reads back."""
+
+    @abstractmethod
+    def index_request(self) -> ByteRequest:
+        """Where a reader finds the index, without knowing the object's size."""
+
+    @abstractmethod
+    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+        """One compact shard object holding ``chunks`` (chunk -> stored bytes)."""
+
+    @abstractmethod
+    def split(self, blob: bytes, key: str) -> dict[int, bytes]:
+        """The chunks of a whole shard object, after checking it (ShardFormatError
+        naming ``key`` for anything inconsistent)."""
+
+    @abstractmethod
+    def problems(self, blob: bytes, chunk_nbytes: int | None = None) -> list[str]:
+        """Everything structurally wrong with one shard object, without raising
+        (empty: intact). ``chunk_nbytes``: the size every stored chunk has, where
+        the array's codecs fix one."""

@@ -1,0 +1,369 @@
+"""The indexed shard format (ZEP 2 ``type: "indexed"``): pure functions, no I/O.
+
+A shard is the encoded chunks followed (or, with ``index_location="start"``,
+preceded) by an index of ``prod(chunks_per_shard)`` little-endian
+``(offset, nbytes)`` uint64 pairs in C order, optionally followed by a crc32c
+of the index. This is byte-for-byte the ``sharding_indexed`` codec v1.0 format,
+so the same objects can be described either by the ZEP 2 storage transformer or
+by the codec. Absent chunks have both fields set to ``2**64 - 1``. A chunk is
+its position in the index.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import google_crc32c
+import numpy as np
+import numpy.typing as npt
+from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
+
+from shardstore.errors import ShardFormatError, ShardingConfigError
+from shardstore.formats.base import ShardFormat
+
+__all__ = [
+    "MAX_CHUNKS_PER_SHARD",
+    "MISSING",
+    "IndexLocation",
+    "IndexedFormat",
+    "ShardIndex",
+    "chunk_range",
+    "index_problem",
+    "parse_index_codecs",
+    "present_positions",
+]
+
+MISSING = 2**64 - 1
+MAX_CHUNKS_PER_SHARD = 2**24
+"""An index of 2**24 entries is 256 MiB; anything larger cannot sensibly be held in memory."""
+_ENTRY_NBYTES = 16
+_CHECKSUM_NBYTES = 4
+_U64 = np.dtype("<u8")
+
+IndexLocation = Literal["start", "end"]
+ShardIndex = npt.NDArray[np.uint64]
+"""An ``(n, 2)`` array of ``(offset, nbytes)`` pairs, one row per chunk position."""
+
+
+def _is_codec(entry: Any, name: str) -> bool:
+    return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
+
+
+def parse_index_codecs(codecs: Any) -> bool | None:
+    """Whether the index codecs are ``[bytes(little)]`` (False) or with ``crc32c``
+    (True); None for anything else, the only index encodings this format reads."""
+    if not isinstance(codecs, list) or not codecs or not _is_codec(codecs[0], "bytes"):
+        return None
+    config = codecs[0].get("configuration") if isinstance(codecs[0], dict) else None
+    if isinstance(config, dict) and config.get("endian", "little") != "little":
+        return None
+    rest = codecs[1:]
+    if not rest:
+        return False
+    if len(rest) == 1 and _is_codec(rest[0], "crc32c"):
+        return True
+    return None
+
+
+def _checksum_of(config: Mapping[str, Any], where: str) -> bool:
+    """Whether the index has a crc32c checksum, by the codec spec's ``index_codecs``
+    or by ``index_checksum``, the shorthand older shardstore wrote (both must agree)."""
+    flag = config.get("index_checksum")
+    if flag is not None and not isinstance(flag, bool):
+        raise ShardingConfigError(f"{where}: index_checksum must be true or false, not {flag!r}")
+    if "index_codecs" not in config:
+        return bool(flag)
+    codecs = config["index_codecs"]
+    checksum = parse_index_codecs(codecs)
+    if checksum is None:
+        raise ShardingConfigError(
+            f"{where}: unsupported index_codecs {codecs!r}; shardstore reads bytes (little-endian) "
+            "optionally followed by crc32c"
+        )
+    if flag is not None and flag != checksum:
+        raise ShardingConfigError(
+            f"{where}: index_checksum {str(flag).lower()} contradicts index_codecs {codecs!r}"
+        )
+    return checksum
+
+
+@dataclass(frozen=True)
+class IndexedFormat(ShardFormat):
+    """The indexed format with its parameters: ``chunks_per_shard`` (the shard's
+    chunk grid, C order), where the index sits, and whether a crc32c follows it."""
+
+    chunks_per_shard: tuple[int, ...]
+    index_location: IndexLocation = "end"
+    index_checksum: bool = False
+
+    type_name: ClassVar[str] = "indexed"
+
+    @property
+    def appendable(self) -> bool:
+        return self.index_location == "end"
+
+    # -- configuration -------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str) -> IndexedFormat:
+        """Read (and check) ``chunks_per_shard``, ``index_location`` and
+        ``index_codecs`` (or the ``index_checksum`` shorthand)."""
+        cps = config.get("chunks_per_shard")
+        if isinstance(cps, str | bytes) or not isinstance(cps, list | tuple):
+            raise ShardingConfigError(f"{where}: chunks_per_shard {cps!r} is not a sequence of integers")
+        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in cps):
+            raise ShardingConfigError(f"{where}: chunks_per_shard {list(cps)} must be positive integers")
+        n = math.prod(cps)
+        if n > MAX_CHUNKS_PER_SHARD:
+            raise ShardingConfigError(
+                f"{where}: chunks_per_shard {list(cps)} makes {n} chunks per shard, more than "
+                f"{MAX_CHUNKS_PER_SHARD} (a {16 * n} byte index is too large to hold in memory)"
+            )
+        location = config.get("index_location", "end")
+        if location not in ("start", "end"):
+            raise ShardingConfigError(f"{where}: index_location must be 'start' or 'end', not {location!r}")
+        return cls(tuple(cps), location, _checksum_of(config, where))
+
+    def to_config(self) -> dict[str, Any]:
+        """The index spelled by the codec spec's names only (a reader that knows only
+        ``index_checksum`` fails on shardstore's marker codec anyway)."""
+        return {
+            "type": self.type_name,
+            "chunks_per_shard": list(self.chunks_per_shard),
+            "index_location": self.index_location,
+            "index_codecs": self.index_codecs(),
+        }
+
+    def index_codecs(self) -> list[dict[str, Any]]:
+        """Always spelled out: zarr-python assumes ``[bytes, crc32c]`` when they are missing."""
+        return [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            *([{"name": "crc32c"}] if self.index_checksum else []),
+        ]
+
+    # -- geometry ------------------------------------------------------------------
+
+    @property
+    def n_chunks(self) -> int:
+        return math.prod(self.chunks_per_shard)
+
+    @property
+    def index_nbytes(self) -> int:
+        return self.n_chunks * _ENTRY_NBYTES + (_CHECKSUM_NBYTES if self.index_checksum else 0)
+
+    def index_request(self) -> ByteRequest:
+        if self.index_location == "start":
+            return RangeByteRequest(0, self.index_nbytes)
+        return SuffixByteRequest(self.index_nbytes)
+
+    def data_bounds(self, shard_nbytes: int) -> tuple[int, int]:
+        """The byte range of a shard of that size that chunks may occupy."""
+        if self.index_location == "start":
+            return self.index_nbytes, shard_nbytes
+        return 0, shard_nbytes - self.index_nbytes
+
+    def index_slice(self, shard_nbytes: int) -> slice:
+        if self.index_location == "start":
+            return slice(0, self.index_nbytes)
+        return slice(shard_nbytes - self.index_nbytes, shard_nbytes)
+
+    # -- the index -----------------------------------------------------------------
+
+    def empty_index(self) -> ShardIndex:
+        return np.full((self.n_chunks, 2), MISSING, dtype=np.uint64)
+
+    def encode_index(self, index: ShardIndex) -> bytes:
+        raw = np.ascontiguousarray(index, dtype=_U64).tobytes()
+        if self.index_checksum:
+            raw += google_crc32c.value(raw).to_bytes(_CHECKSUM_NBYTES, "little")
+        return raw
+
+    def decode_index(self, raw: bytes | memoryview, key: str) -> ShardIndex:
+        """Parse and check an index read from shard ``key`` (pairs and checksum only).
+
+        Ranges can only be checked against the shard's size, see :meth:`check_ranges`.
+        """
+        if len(raw) != self.index_nbytes:
+            raise ShardFormatError(
+                f"shard {key!r}: expected an index of {self.index_nbytes} bytes, "
+                f"found {len(raw)} (object truncated or not a shard of this array)"
+            )
+        entries = memoryview(raw)[: self.n_chunks * _ENTRY_NBYTES]
+        if self.index_checksum:
+            stored = int.from_bytes(bytes(raw[-_CHECKSUM_NBYTES:]), "little")
+            actual = google_crc32c.value(bytes(entries))
+            if stored != actual:
+                raise ShardFormatError(
+                    f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+                )
+        index = np.frombuffer(entries, dtype=_U64).reshape(self.n_chunks, 2).astype(np.uint64)
+        problem = index_problem(index)
+        if problem is not None:
+            raise ShardFormatError(f"shard {key!r}: {problem}")
+        return index
+
+    def check_ranges(self, index: ShardIndex, shard_nbytes: int, key: str) -> None:
+        """Raise unless every present chunk lies inside the shard's data area."""
+        lo, hi = self.data_bounds(shard_nbytes)
+        offsets, nbytes = index[:, 0], index[:, 1]
+        present = offsets != MISSING
+        # Compare as ``nbytes > hi - offset`` so that huge values cannot overflow.
+        hi_u = np.uint64(max(hi, 0))
+        bad = present & (
+            (offsets < np.uint64(lo)) | (offsets > hi_u) | (nbytes > hi_u - np.minimum(offsets, hi_u))
+        )
+        if bad.any():
+            pos = int(np.flatnonzero(bad)[0])
+            raise ShardFormatError(
+                f"shard {key!r}: chunk {pos} claims bytes [{int(offsets[pos])}, "
+                f"{int(offsets[pos]) + int(nbytes[pos])}) outside the data area [{lo}, {hi}) "
+                f"of a {shard_nbytes}-byte shard"
+            )
+
+    # -- whole shards --------------------------------------------------------------
+
+    def parse(self, blob: bytes, key: str) -> ShardIndex:
+        """The checked index of a whole shard object (read from its tail, or head)."""
+        if len(blob) < self.index_nbytes:
+            raise ShardFormatError(
+                f"shard {key!r}: object has {len(blob)} bytes, fewer than its {self.index_nbytes}-byte index"
+            )
+        index = self.decode_index(memoryview(blob)[self.index_slice(len(blob))], key)
+        self.check_ranges(index, len(blob), key)
+        return index
+
+    def split(self, blob: bytes, key: str) -> dict[int, bytes]:
+        index = self.parse(blob, key)
+        return {
+            int(pos): blob[int(index[pos, 0]) : int(index[pos, 0]) + int(index[pos, 1])]
+            for pos in present_positions(index)
+        }
+
+    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+        """A compact shard holding ``chunks`` (position -> encoded bytes) in position order."""
+        positions = sorted(chunks)
+        sizes = np.fromiter((len(chunks[p]) for p in positions), dtype=np.uint64, count=len(positions))
+        base = self.index_nbytes if self.index_location == "start" else 0
+        offsets = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(base)
+        index = self.empty_index()
+        if positions:
+            index[positions, 0] = offsets
+            index[positions, 1] = sizes
+        body = b"".join(chunks[p] for p in positions)
+        raw_index = self.encode_index(index)
+        return raw_index + body if self.index_location == "start" else body + raw_index
+
+    def problems(self, blob: bytes, chunk_nbytes: int | None = None) -> list[str]:
+        """Each distinct problem once, naming its entries."""
+        if len(blob) < self.index_nbytes:
+            return [f"truncated: {len(blob)} bytes, shorter than the {self.index_nbytes}-byte index alone"]
+        raw = blob[self.index_slice(len(blob))]
+        entries = np.frombuffer(raw, dtype="<u8", count=2 * self.n_chunks).reshape(-1, 2).astype(np.uint64)
+        found = []
+        if self.encode_index(entries) != raw:
+            found.append("index checksum mismatch: the index bytes are damaged")
+        return found + _entry_problems(self, entries, len(blob), chunk_nbytes)
+
+
+_IMPOSSIBLE = 2**53
+"""No real shard reaches 8 PiB (S3 objects stop at 5 TiB): an entry beyond is damage,
+refused before any range is requested or any sum can overflow."""
+_SHOWN = 4
+"""Entries named per problem; the rest are counted."""
+
+
+def _entry_masks(index: ShardIndex) -> tuple[npt.NDArray[np.bool_], ...]:
+    """Entries present, half-empty (one field marked absent), and absurdly large."""
+    offsets, sizes = index[:, 0], index[:, 1]
+    present = offsets != MISSING
+    half = present != (sizes != MISSING)
+    return present, half, present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+
+
+def _entry_problems(
+    fmt: IndexedFormat, index: ShardIndex, nbytes: int, chunk_nbytes: int | None
+) -> list[str]:
+    offsets, sizes = index[:, 0], index[:, 1]
+    present, half, impossible = _entry_masks(index)
+    sane = present & ~half & ~impossible
+    ends = np.where(sane, offsets, 0) + np.where(sane, sizes, 0)  # no overflow: both below 2**53
+    lo, hi = fmt.data_bounds(nbytes)
+    past_end = sane & (ends > nbytes)
+    empty = sane & (sizes == 0)
+    rules = [
+        (half, "entries with only one of offset/nbytes marked empty"),
+        (impossible, f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes)"),
+        (past_end, f"truncated: the object ({nbytes} bytes) is shorter than its index says"),
+        (sane & ~past_end & ((offsets < lo) | (ends > hi)), f"ranges into the index (data: [{lo}, {hi}))"),
+        (empty, "zero-length entries: no codec decodes an empty chunk"),
+    ]
+    if chunk_nbytes is not None:
+        every = f"every chunk of this array encodes to {chunk_nbytes} bytes"
+        rules.append((sane & ~empty & (sizes < chunk_nbytes), f"short entries ({every})"))
+        rules.append((sane & (sizes > chunk_nbytes), f"long entries ({every})"))
+    named = [f"{what}: {_entries(index, mask)}" for mask, what in rules if mask.any()]
+    return named + _overlaps(index, np.flatnonzero(sane & ~empty))
+
+
+def _entry(index: ShardIndex, position: int) -> str:
+    return f"chunk {position} (offset {int(index[position, 0])}, nbytes {int(index[position, 1])})"
+
+
+def _listed(shown: list[str], total: int) -> str:
+    """The first few of ``total`` findings, and how many more."""
+    return ", ".join(shown[:_SHOWN]) + (f" and {total - _SHOWN} more" if total > _SHOWN else "")
+
+
+def _entries(index: ShardIndex, mask: npt.NDArray[np.bool_]) -> str:
+    where = np.flatnonzero(mask)
+    return _listed([_entry(index, int(p)) for p in where[:_SHOWN]], len(where))
+
+
+def _overlaps(index: ShardIndex, positions: npt.NDArray[np.intp]) -> list[str]:
+    """Chunks whose ranges share bytes with an earlier one's (each chunk owns its bytes)."""
+    if len(positions) < 2:
+        return []
+    order = positions[np.lexsort((index[positions, 1], index[positions, 0]))]
+    starts = index[order, 0]
+    ends = starts + index[order, 1]
+    reach = np.maximum.accumulate(ends)
+    # the chunk reaching furthest so far: the one a later start runs into
+    furthest = np.maximum.accumulate(np.where(ends == reach, np.arange(len(order)), 0))
+    hits = np.flatnonzero(starts[1:] < reach[:-1]) + 1
+    kinds: dict[str, list[tuple[int, int]]] = {"duplicated entries": [], "overlapping ranges": []}
+    for i in hits:
+        a, b = int(order[furthest[i - 1]]), int(order[i])
+        kinds["duplicated entries" if (index[a] == index[b]).all() else "overlapping ranges"].append((a, b))
+    return [
+        f"{what}: "
+        + _listed([f"{_entry(index, a)} and {_entry(index, b)}" for a, b in found[:_SHOWN]], len(found))
+        for what, found in kinds.items()
+        if found
+    ]
+
+
+def index_problem(index: ShardIndex) -> str | None:
+    """What makes an index inconsistent in itself, whatever the shard's size (None:
+    nothing): an entry with one field marked empty, an absurdly large range, or
+    ranges of two chunks sharing bytes (each chunk owns its bytes). Empty chunks
+    are data here; :func:`shard_problems` also judges them, and the object's size."""
+    present, half, impossible = _entry_masks(index)
+    if half.any():
+        return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
+    if impossible.any():
+        return f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
+    overlaps = _overlaps(index, np.flatnonzero(present & (index[:, 1] > 0)))
+    return overlaps[0] if overlaps else None
+
+
+def chunk_range(index: ShardIndex, position: int) -> tuple[int, int] | None:
+    """``(offset, nbytes)`` of the chunk at ``position``, None where absent."""
+    offset, nbytes = (int(v) for v in index[position])
+    return None if offset == MISSING else (offset, nbytes)
+
+
+def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:
+    return np.flatnonzero(index[:, 0] != MISSING)

@@ -1,0 +1,83 @@
+"""Chunk updates: what a write asks of one chunk, and how updates to one shard
+are grouped and merged before they become a commit. Pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from shardstore.addressing import ChunkAddress, ShardAddress
+
+__all__ = [
+    "ShardUpdates",
+    "Splice",
+    "Update",
+    "UpdatesByShard",
+    "add_update",
+    "apply_updates",
+    "covers_shard",
+    "independent_of_old",
+    "merge_updates",
+]
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Overwrite part of a chunk's bytes from ``start`` (a ZEP 2 partial write)."""
+
+    start: int
+    data: bytes
+
+
+Update: TypeAlias = bytes | Splice | None
+"""New bytes for a chunk, a splice into its current bytes, or None to erase it."""
+ShardUpdates: TypeAlias = dict[int, list[Update]]
+"""The updates to one shard: index position -> that chunk's updates, oldest first."""
+UpdatesByShard: TypeAlias = dict[str, tuple[ShardAddress, ShardUpdates]]
+"""Updates grouped per shard key, as one zarr call's keys are before their commits."""
+
+
+def apply_updates(old: bytes | None, updates: list[Update]) -> bytes | None:
+    value = old
+    for update in updates:
+        if isinstance(update, Splice):
+            buf = bytearray(value or b"")
+            if update.start > len(buf):  # as a file written past its end: a gap of zeros
+                buf.extend(bytes(update.start - len(buf)))
+            buf[update.start : update.start + len(update.data)] = update.data
+            value = bytes(buf)
+        else:
+            value = update
+    return value
+
+
+def independent_of_old(updates: list[Update]) -> bool:
+    """Whether the chunk's new value can be known without reading the old one."""
+    return bool(updates) and not isinstance(updates[0], Splice)
+
+
+def merge_updates(into: ShardUpdates, updates: Mapping[int, list[Update]]) -> None:
+    """Add updates after those already queued: a full value replaces, a splice stacks."""
+    for pos, ups in updates.items():
+        if independent_of_old(ups):
+            into[pos] = list(ups)
+        else:
+            into.setdefault(pos, []).extend(ups)
+
+
+def add_update(by_shard: UpdatesByShard, chunk: ChunkAddress, update: Update) -> None:
+    """Group an update with the others to its shard, in order."""
+    merge_updates(by_shard.setdefault(chunk.shard.key, (chunk.shard, {}))[1], {chunk.position: [update]})
+
+
+def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
+    """Whether updates give every in-array chunk of the shard a value without reading it."""
+    needed = shard.in_grid_positions()
+    if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
+        return False
+    for pos in needed:
+        ups = updates.get(pos)
+        if ups is None or not independent_of_old(ups) or apply_updates(None, ups) is None:
+            return False
+    return True
