@@ -1,0 +1,2 @@
+"""The write path: chunk updates become shard commits (one in flight per shard,
+concurrent updates merged; ``batch()`` holds them first)."""
