@@ -64,4 +64,3 @@ def _in_grid_positions(
     coords = chunk_coords_in_shard(shard_coords, chunks_per_shard)
     inside = np.all(coords < np.asarray(grid_shape, dtype=np.int64), axis=1)
     return tuple(int(p) for p in np.flatnonzero(inside))
-

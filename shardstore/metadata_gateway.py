@@ -70,6 +70,9 @@ class MetadataGateway:
             raw = dump_document(doc)
         return slice_range(raw, byte_range)
 
+    async def get_many(self, requests: list[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+
     async def set(self, key: str, raw: bytes) -> None:
         """Write a metadata document, recording (or keeping) the array's sharding config."""
         path, name = split_key(key)

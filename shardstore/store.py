@@ -11,41 +11,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable
-from types import TracebackType
 from typing import Any, Literal
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 
-from shardstore.addressing import ChunkAddress, ShardAddress, locate
+from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
-from shardstore.errors import ChunkKeyError
 from shardstore.formats.indexed import ShardIndex
-from shardstore.inner import InnerStore, adapt, slice_range
+from shardstore.inner import InnerStore, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import check_key, split_key
-from shardstore.metadata import (
-    METADATA_NAMES,
-    ArrayInfo,
-    ChunksPerShard,
-    Layout,
-    ShardingPolicy,
-)
+from shardstore.listing import ShardLister, as_dir
+from shardstore.metadata import ArrayInfo, ChunksPerShard, Layout, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.coalescing import ReadCoalescer
 from shardstore.reading.reader import ShardReader
-from shardstore.writing.updates import Splice, Update, apply_updates, independent_of_old
-from shardstore.writing.writer import DEFAULT_BATCH_BYTES, ShardWriter, WriteStrategy
+from shardstore.routing import KeyRouter
+from shardstore.writing.updates import Splice, UpdatesByShard, add_update, apply_updates
+from shardstore.writing.writer import DEFAULT_BATCH_BYTES, BatchScope, ShardWriter, WriteStrategy
 
 __all__ = ["ShardingStore"]
-
-_LISTING_BATCH = 512
-"""Shard indices read per inner batch while listing."""
-_ADDRESS_CACHE = 1 << 17
-"""Chunk keys whose shard address is remembered (cleared when full)."""
 
 
 def _check_byte_range(byte_range: Any) -> None:
@@ -53,46 +42,6 @@ def _check_byte_range(byte_range: Any) -> None:
         byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
     ):
         raise TypeError(f"Unexpected byte_range, got {byte_range}")
-
-
-def _dir(prefix: str) -> str:
-    return prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
-
-
-_ChunkUpdates = dict[str, tuple[ShardAddress, dict[int, list[Update]]]]
-
-
-def _add_update(by_shard: _ChunkUpdates, chunk: ChunkAddress, update: Update) -> None:
-    """Group updates per shard, in order (a later full value replaces, splices stack)."""
-    ups = by_shard.setdefault(chunk.shard.key, (chunk.shard, {}))[1].setdefault(chunk.position, [])
-    if not isinstance(update, Splice):
-        ups.clear()
-    ups.append(update)
-
-
-class _BatchScope:
-    """``with store.batch():`` / ``async with store.batch():``."""
-
-    def __init__(self, store: ShardingStore, max_bytes: int) -> None:
-        self._store = store
-        self._max_bytes = max_bytes
-
-    def __enter__(self) -> ShardingStore:
-        self._store._writer.begin_batch(self._max_bytes)
-        return self._store
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        sync(self._store._writer.end_batch(exc))
-
-    async def __aenter__(self) -> ShardingStore:
-        return self.__enter__()
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._store._writer.end_batch(exc)
 
 
 class ShardingStore(Store):
@@ -165,9 +114,9 @@ class ShardingStore(Store):
         self._writer = ShardWriter(
             self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
         )
+        self._router = KeyRouter(self._catalog)
+        self._lister = ShardLister(self._inner, self._catalog, self._reader, self._writer.drain)
         self._reads = ReadCoalescer(self._read_checked)
-        # chunk key -> (catalog generation, address): zarr touches the same keys over and over
-        self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
 
     # -- identity -------------------------------------------------------------
 
@@ -229,7 +178,7 @@ class ShardingStore(Store):
     async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
         """Shard objects that may hold keys under ``prefix``, and the other inner keys
         under it (which pass through); a batch open on this store is committed first."""
-        return await self._scan(prefix)
+        return await self._lister.scan(prefix)
 
     async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
         """The shards' indices, read afresh in one batch (None: no such shard)."""
@@ -265,7 +214,14 @@ class ShardingStore(Store):
         layout = self._policy.format_for(path, doc, len(shape))
         return None if layout is None else layout.chunks_per_shard
 
-    def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> _BatchScope:
+    def cache_usage(self) -> dict[str, tuple[int, int]]:
+        """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
+        return {
+            "indices": (len(self._indices), self._indices.nbytes),
+            "shards": (len(self._shards), self._shards.nbytes),
+        }
+
+    def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> BatchScope[ShardingStore]:
         """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).
 
         A shard is written as soon as the buffer holds all its chunks inside the
@@ -276,7 +232,7 @@ class ShardingStore(Store):
         commit fails, :class:`~shardstore.errors.BatchCommitError` names the shards.
         Reads inside the block see its writes; listings first commit the buffer.
         """
-        return _BatchScope(self, max_bytes)
+        return self._writer.batch(max_bytes, self)
 
     # -- synchronous conveniences (zarr's SupportsSyncStore protocol) -----------
 
@@ -290,46 +246,6 @@ class ShardingStore(Store):
 
     def delete_sync(self, key: str) -> None:
         sync(self.delete(key))
-
-    # -- key routing ------------------------------------------------------------
-
-    async def _resolve(self, key: str, *, writing: bool = False) -> ChunkAddress | Literal[False] | None:
-        """Where ``key`` lives: a chunk of a sharded array, None to pass it through,
-        or False for a key written like a chunk key of a sharded array that is none
-        (wrong rank). Writes to such keys, or outside the grid, raise ChunkKeyError."""
-        known = self._addresses.get(key)
-        if known is not None and known[0] == self._catalog.generation:
-            return known[1]
-        info = await self._catalog.array_for_key(key)
-        if writing and (info is None or (info.shard_format is not None and not self._in_grid(info, key))):
-            # The array may have been created or grown through another store instance.
-            info = await self._catalog.array_for_key(key, refresh=True)
-        if info is None or info.shard_format is None:
-            return None
-        coords = info.coords(key)
-        if writing and (coords is None or not info.in_grid(coords)):
-            what = (
-                "outside the chunk grid"
-                if coords is not None
-                else f"not a chunk key of this {info.ndim}-d array"
-            )
-            raise ChunkKeyError(
-                f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
-                f"(grid shape {list(info.grid_shape)})"
-            )
-        if coords is None:
-            return False
-        address = locate(info, key, coords)
-        if info.in_grid(coords):  # valid for reads and writes alike until the catalog changes
-            if len(self._addresses) > _ADDRESS_CACHE:
-                self._addresses.clear()
-            self._addresses[key] = (self._catalog.generation, address)
-        return address
-
-    @staticmethod
-    def _in_grid(info: ArrayInfo, key: str) -> bool:
-        coords = info.coords(key)
-        return coords is not None and info.in_grid(coords)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -357,83 +273,62 @@ class ShardingStore(Store):
     ) -> list[Buffer | None]:
         """``get_partial_values`` for requests already checked (the coalesced ``get()``s)."""
         results: list[bytes | None] = [None] * len(requests)
-        chunks: list[tuple[int, ChunkAddress, ByteRequest | None]] = []
-        buffered: list[tuple[int, ByteRequest | None, list[Update]]] = []
-        direct: list[tuple[int, str, ByteRequest | None]] = []
-        metadata: list[tuple[int, str, ByteRequest | None]] = []
+        by_route: dict[str, list[tuple[int, Any, ByteRequest | None]]] = {}
         for slot, (key, byte_range) in enumerate(requests):
-            if split_key(key)[1] in METADATA_NAMES:
-                metadata.append((slot, key, byte_range))
-                continue
-            where = await self._resolve(key)
-            if where is None:
-                direct.append((slot, key, byte_range))
-            elif where is not False:
-                pending = self._writer.pending(where)
-                if pending is None:
-                    chunks.append((slot, where, byte_range))
-                elif independent_of_old(pending):
-                    value = apply_updates(None, pending)
-                    results[slot] = None if value is None else slice_range(value, byte_range)
-                else:  # a splice still buffered: read the whole chunk below, then apply it
-                    buffered.append((slot, byte_range, pending))
-                    chunks.append((slot, where, None))
-
-        parts: list[tuple[list[Any], Awaitable[list[bytes | None]]]] = []
-        if chunks:
-            parts.append((chunks, self._reader.read_chunks([(c, r) for _, c, r in chunks])))
-        if direct:
-            parts.append((direct, self._inner.get_many([(k, r) for _, k, r in direct])))
-        if metadata:
-            parts.append((metadata, asyncio.gather(*(self._metadata.get(k, r) for _, k, r in metadata))))
-        # the common case, one chunk, needs no gather (and no tasks)
+            where = await self._router.route(key)
+            kind = "chunk" if isinstance(where, ChunkAddress) else where
+            by_route.setdefault(kind, []).append((slot, where if kind == "chunk" else key, byte_range))
+        parts: list[tuple[list[int], Awaitable[list[bytes | None]]]] = [
+            ([slot for slot, _, _ in entries], self._read_routed(kind, [(w, r) for _, w, r in entries]))
+            for kind, entries in by_route.items()
+            if kind != "absent"
+        ]
+        # the common case, one kind of key, needs no gather (and no tasks)
         values = [await parts[0][1]] if len(parts) == 1 else await asyncio.gather(*(p for _, p in parts))
-        for (entries, _), part_values in zip(parts, values, strict=True):
-            for entry, value in zip(entries, part_values, strict=True):
-                results[entry[0]] = value
-        for slot, byte_range, pending in buffered:
-            value = apply_updates(results[slot], pending)
-            results[slot] = None if value is None else slice_range(value, byte_range)
+        for (slots, _), part_values in zip(parts, values, strict=True):
+            for slot, value in zip(slots, part_values, strict=True):
+                results[slot] = value
         return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
 
-    async def _chunk_size(self, chunk: ChunkAddress) -> int | None:
-        if self._writer.pending(chunk) is not None:  # in a batch: what the batch would leave
-            value = (await self.get_partial_values(default_buffer_prototype(), [(chunk.key, None)]))[0]
+    def _read_routed(
+        self, kind: str, requests: list[tuple[Any, ByteRequest | None]]
+    ) -> Awaitable[list[bytes | None]]:
+        if kind == "chunk":
+            return self._writer.read_through(requests, self._reader.read_chunks)
+        if kind == "metadata":
+            return self._metadata.get_many(requests)
+        return self._inner.get_many(requests)
+
+    async def _size(self, key: str) -> int | None:
+        where = await self._router.route(key)
+        if where == "metadata":
+            value = await self._metadata.get(key)
             return None if value is None else len(value)
-        entry = (await self._reader.index_entries([chunk]))[0]
+        if where == "inner":
+            return await self._inner.getsize(key)
+        if where == "absent":
+            return None
+        if self._writer.pending(where) is not None:  # in a batch: what the batch would leave
+            value = (await self._writer.read_through([(where, None)], self._reader.read_chunks))[0]
+            return None if value is None else len(value)
+        entry = (await self._reader.index_entries([where]))[0]
         return None if entry is None else entry[1]
 
     async def exists(self, key: str) -> bool:
         check_key(key)
-        if split_key(key)[1] in METADATA_NAMES:
-            return await self._metadata.get(key) is not None
-        where = await self._resolve(key)
-        if where is None:
+        if await self._router.route(key) == "inner":
             return await self._inner.exists(key)
-        return where is not False and await self._chunk_size(where) is not None
+        return await self._size(key) is not None
 
     async def getsize(self, key: str) -> int:
         check_key(key)
-        if split_key(key)[1] in METADATA_NAMES:
-            value = await self._metadata.get(key)
-            size = None if value is None else len(value)
-        else:
-            where = await self._resolve(key)
-            if where is None:
-                size = await self._inner.getsize(key)
-            else:
-                size = None if where is False else await self._chunk_size(where)
+        size = await self._size(key)
         if size is None:
             raise FileNotFoundError(key)
         return size
 
     async def getsize_prefix(self, prefix: str) -> int:
-        shards, plain = await self._scan(prefix)
-        sizes = await asyncio.gather(*(self._inner.getsize(k) for k in plain))
-        total = sum(s or 0 for s in sizes)
-        async for _, nbytes in self._chunks_in(shards, prefix):
-            total += nbytes
-        return total
+        return await self._lister.size_under(prefix)
 
     # -- writes --------------------------------------------------------------------
 
@@ -443,12 +338,11 @@ class ShardingStore(Store):
             raise TypeError(f"ShardingStore.set(): `value` must be a Buffer instance. Got {type(value)!r}.")
         check_key(key)
         data = value.to_bytes()
-        if split_key(key)[1] in METADATA_NAMES:
-            await self._metadata.set(key, data)
-            return
-        where = await self._resolve(key, writing=True)
-        if where:
+        where = await self._router.route(key, writing=True)
+        if isinstance(where, ChunkAddress):
             await self._writer.write(where.shard, {where.position: [data]})
+        elif where == "metadata":
+            await self._metadata.set(key, data)
         else:
             await self._inner.set(key, data)
 
@@ -458,16 +352,16 @@ class ShardingStore(Store):
         """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
         per shard, one commit each) or into pass-through objects."""
         self._check_writable()
-        by_shard: _ChunkUpdates = {}
+        by_shard: UpdatesByShard = {}
         others: list[tuple[str, int, bytes]] = []
         for key, start, data in key_start_values:
             check_key(key)
-            chunk = None if split_key(key)[1] in METADATA_NAMES else await self._resolve(key, writing=True)
-            if chunk:
-                _add_update(by_shard, chunk, Splice(start, bytes(data)))
+            where = await self._router.route(key, writing=True)
+            if isinstance(where, ChunkAddress):
+                add_update(by_shard, where, Splice(start, bytes(data)))
             else:
                 others.append((key, start, bytes(data)))
-        await asyncio.gather(*(self._writer.write(shard, ups) for shard, ups in by_shard.values()))
+        await self._writer.write_all(by_shard)
         for key, start, data in others:  # in order: several may touch one key
             old = await self.get(key, default_buffer_prototype())
             new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
@@ -487,19 +381,16 @@ class ShardingStore(Store):
         """ZEP 2 ``erase_values``: chunks are removed from their shards (a shard left
         empty is deleted); other keys are deleted from the inner store."""
         self._check_writable()
-        by_shard: _ChunkUpdates = {}
+        by_shard: UpdatesByShard = {}
         others: list[str] = []
         for key in keys:
             check_key(key)
-            where = None if split_key(key)[1] in METADATA_NAMES else await self._resolve(key)
-            if where:
-                _add_update(by_shard, where, None)
-            elif where is None:
+            where = await self._router.route(key)
+            if isinstance(where, ChunkAddress):
+                add_update(by_shard, where, None)
+            elif where != "absent":
                 others.append(key)
-        await asyncio.gather(
-            *(self._writer.write(shard, ups) for shard, ups in by_shard.values()),
-            *(self._delete_object(k) for k in others),
-        )
+        await asyncio.gather(self._writer.write_all(by_shard), *(self._delete_object(k) for k in others))
 
     async def _delete_object(self, key: str) -> None:
         await self._inner.delete(key)
@@ -509,23 +400,21 @@ class ShardingStore(Store):
 
     async def delete_dir(self, prefix: str) -> None:
         self._check_writable()
-        await self.erase_prefix(_dir(prefix))
+        await self.erase_prefix(as_dir(prefix))
 
     async def erase_prefix(self, prefix: str) -> None:
         """ZEP 2 ``erase_prefix``: shards wholly under the prefix are deleted without
         reading them; shards partly under it lose only the chunks under it."""
         self._check_writable()
-        shards, plain = await self._scan(prefix)
+        shards, plain = await self._lister.scan(prefix)
         whole = [s.key for s in shards if s.info.chunk_prefix.startswith(prefix)]
         partial = [s for s in shards if not s.info.chunk_prefix.startswith(prefix)]
-        doomed: _ChunkUpdates = {}
-        for shard, index in zip(partial, await self._reader.read_indices(partial), strict=True):
-            for pos, key in [] if index is None else shard.present_keys(index):
-                if key.startswith(prefix):
-                    _add_update(doomed, ChunkAddress(key, shard, pos), None)
-        metadata = [k for k in plain if split_key(k)[1] in METADATA_NAMES]
+        doomed: UpdatesByShard = {}
+        async for chunk, _ in self._lister.chunks_in(partial, prefix):
+            add_update(doomed, chunk, None)
+        metadata = [k for k in plain if await self._router.route(k) == "metadata"]
         await asyncio.gather(
-            *(self._writer.write(shard, ups) for shard, ups in doomed.values()),
+            self._writer.write_all(doomed),
             *(self._writer.delete_shard(k) for k in whole),
             *(self._delete_object(k) for k in plain if k not in metadata),
         )
@@ -534,57 +423,14 @@ class ShardingStore(Store):
 
     # -- listing -------------------------------------------------------------------
 
-    async def _scan(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
-        """Inner objects that may hold keys under ``prefix``: shard objects of sharded
-        arrays, and the other keys under the prefix (which pass through)."""
-        await self._writer.drain()  # a listing inside a batch sees the batch's writes
-        around = await self._catalog.sharded_array_around(prefix)
-        inner_prefix = prefix
-        if around is not None and prefix.startswith(around.chunk_prefix):
-            inner_prefix = around.chunk_prefix  # shard keys differ from the chunk keys below
-        shards: list[ShardAddress] = []
-        plain: list[str] = []
-        async for key in self._inner.list_prefix(inner_prefix):
-            info = await self._catalog.array_for_key(key)
-            coords = info.coords(key) if info is not None and info.shard_format is not None else None
-            if info is not None and coords is not None:
-                shards.append(ShardAddress(info, key, coords))
-            elif key.startswith(prefix):
-                plain.append(key)
-        return shards, plain
-
-    async def _chunks_in(self, shards: list[ShardAddress], prefix: str) -> AsyncIterator[tuple[str, int]]:
-        """Chunk keys under ``prefix`` present in the shards' indices, with their sizes."""
-        for start in range(0, len(shards), _LISTING_BATCH):
-            batch = shards[start : start + _LISTING_BATCH]
-            for shard, index in zip(batch, await self._reader.read_indices(batch), strict=True):
-                if index is None:
-                    continue
-                for pos, key in shard.present_keys(index):
-                    if key.startswith(prefix):
-                        yield key, int(index[pos, 1])
-
     async def list(self) -> AsyncIterator[str]:
-        async for key in self.list_prefix(""):
+        async for key in self._lister.list_prefix(""):
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        shards, plain = await self._scan(prefix)
-        for key in plain:
-            yield key
-        async for key, _ in self._chunks_in(shards, prefix):
+        async for key in self._lister.list_prefix(prefix):
             yield key
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        prefix = _dir(prefix)
-        await self._writer.drain()
-        around = await self._catalog.sharded_array_around(prefix)
-        chunk_dir = around is not None and around.chunk_prefix == prefix + "c/"
-        if around is None or chunk_dir:
-            # No shard key sits directly below: the inner names are the logical ones.
-            async for name in self._inner.list_dir(prefix):
-                yield name
-            return
-        names = {key[len(prefix) :].split("/", 1)[0] async for key in self.list_prefix(prefix)}
-        for name in sorted(names):
+        async for name in self._lister.list_dir(prefix):
             yield name

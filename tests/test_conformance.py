@@ -25,10 +25,10 @@ class _Base(StoreTests[ShardingStore, cpu.Buffer]):
     buffer_cls = cpu.Buffer
 
     async def set(self, store: ShardingStore, key: str, value: Buffer) -> None:
-        await store._inner.set(key, value.to_bytes())
+        await store.raw.set(key, value.to_bytes())
 
     async def get(self, store: ShardingStore, key: str) -> Buffer:
-        raw = await store._inner.get(key)
+        raw = await store.raw.get(key)
         assert raw is not None, key
         return self.buffer_cls.from_bytes(raw)
 
@@ -81,7 +81,7 @@ class TestOverAsyncFsspec(_Base):
         return {"inner": fsspec.FSMap(f"async-{tmp_path.name}", fs), "chunks_per_shard": (2, 2)}
 
     def test_uses_the_async_api(self, store: ShardingStore) -> None:
-        assert store._inner._async_fs is not None  # type: ignore[attr-defined]
+        assert store.raw._async_fs is not None  # type: ignore[attr-defined]
 
 
 class TestOverZarrFsspecStore(_Base):
@@ -126,7 +126,7 @@ class TestChunkKeysInsideShards:
         proto = default_buffer_prototype()
         await store.set("foo/c.0.0", cpu.Buffer.from_bytes(b"\x01\x02\x03\x04"))
         await store.set("foo/c.1.1", cpu.Buffer.from_bytes(b"xyz"))
-        assert "foo/c.0.0" not in store._inner_arg or store._inner_arg["foo/c.0.0"] != b"\x01\x02\x03\x04"
+        assert "foo/c.0.0" not in store.inner or store.inner["foo/c.0.0"] != b"\x01\x02\x03\x04"
         got = await store.get("foo/c.0.0", proto)
         assert got is not None and got.to_bytes() == b"\x01\x02\x03\x04"
         part = await store.get_partial_values(
@@ -139,11 +139,11 @@ class TestChunkKeysInsideShards:
         assert [p.to_bytes() for p in part if p is not None] == [b"yz", b"\x04"]
         assert sorted([k async for k in store.list_prefix("foo/c")]) == ["foo/c.0.0", "foo/c.1.1"]
         assert sorted([k async for k in store.list_dir("foo")]) == ["c.0.0", "c.1.1", "zarr.json"]
-        assert [k for k in store._inner_arg if k.startswith("foo/c")] == ["foo/c.0.0"]
+        assert [k for k in store.inner if k.startswith("foo/c")] == ["foo/c.0.0"]
         assert await store.getsize("foo/c.1.1") == 3
         assert await store.getsize_prefix("foo/c") == 7
         await store.delete("foo/c.0.0")
         assert not await store.exists("foo/c.0.0")
         assert await store.exists("foo/c.1.1")
         await store.delete("foo/c.1.1")
-        assert [k for k in store._inner_arg if k.startswith("foo/c")] == []
+        assert [k for k in store.inner if k.startswith("foo/c")] == []

@@ -92,5 +92,6 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     store = ShardingStore(LocalInner(tmp_path), chunks_per_shard=(2, 2), index_cache_bytes=4 * 64)
     arr = _write(store)
     _ = arr[:]  # 16 shards, each a 64-byte index
-    assert store._indices.nbytes <= 4 * 64
-    assert len(store._indices) == 4
+    entries, nbytes = store.cache_usage()["indices"]
+    assert nbytes <= 4 * 64
+    assert entries == 4

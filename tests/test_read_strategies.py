@@ -15,8 +15,12 @@ from zarr.abc.store import ByteRequest
 from zarr.core.buffer import default_buffer_prototype
 
 from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
+from shardstore.addressing import locate
 from shardstore.inner import LocalInner, MappingInner
 from shardstore.instrument import CountingInner
+from shardstore.options import ReadPolicy, StoreOptions
+from shardstore.reading.cache import IndexCache, ShardCache
+from shardstore.reading.reader import ShardReader
 
 DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
 
@@ -139,8 +143,9 @@ def test_shard_cache_stays_within_its_bound() -> None:
     shard_nbytes = 16 * 8 + 16 * 16  # 16 chunks of 8 bytes, and the index
     store, arr = _open(counted, read_strategy="shard", shard_cache_bytes=3 * shard_nbytes)
     np.testing.assert_array_equal(arr[:], DATA)
-    assert 0 < store._shards.nbytes <= 3 * shard_nbytes
-    assert len(store._shards) <= 3
+    entries, nbytes = store.cache_usage()["shards"]
+    assert 0 < nbytes <= 3 * shard_nbytes
+    assert entries <= 3
 
 
 @pytest.mark.parametrize("mode", ["auto", "trust"])
@@ -199,12 +204,15 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     counted, _ = _written(SlowMapping)
     store = ShardingStore(counted, read_strategy="shard")
     await store.get("a/zarr.json", default_buffer_prototype())
-    where = await store._resolve("a/c/1/1")
-    assert where
+    info = await store.array_of_key("a/c/1/1")
+    assert info is not None
+    where = locate(info, "a/c/1/1", (1, 1))
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.raw)
+    reader = ShardReader(store.raw, IndexCache(2**20), ShardCache(2**20), policy)
     counted.counts.reset()
-    first = asyncio.ensure_future(store._reader.fetch_shards([where.shard]))
+    first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await asyncio.sleep(0.01)
-    second = asyncio.ensure_future(store._reader.fetch_shards([where.shard]))
+    second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await asyncio.sleep(0.01)
     first.cancel()
     ((snapshot, error),) = await asyncio.wait_for(second, 5)

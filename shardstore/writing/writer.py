@@ -18,25 +18,35 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import numpy as np
 import zarr
+from zarr.abc.store import ByteRequest
+from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import BatchCommitError
 from shardstore.formats.indexed import (
     MISSING,
 )
-from shardstore.inner import InnerStore
+from shardstore.inner import InnerStore, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
-from shardstore.writing.updates import ShardUpdates, Update, apply_updates, covers_shard, independent_of_old
+from shardstore.writing.updates import (
+    ShardUpdates,
+    Update,
+    UpdatesByShard,
+    apply_updates,
+    covers_shard,
+    independent_of_old,
+)
 
-__all__ = ["DEFAULT_BATCH_BYTES", "ShardWriter", "WriteStrategy"]
+__all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter", "WriteStrategy"]
 
 log = logging.getLogger("shardstore")
 
@@ -64,7 +74,42 @@ def _describe(keys: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
+ChunkRead: TypeAlias = tuple[ChunkAddress, ByteRequest | None]
+ChunkReader: TypeAlias = Callable[[list[ChunkRead]], Awaitable[list[bytes | None]]]
+R = TypeVar("R")
+
+
+class BatchScope(Generic[R]):
+    """``with store.batch():`` / ``async with store.batch():``."""
+
+    def __init__(self, writer: ShardWriter, max_bytes: int, result: R) -> None:
+        self._writer = writer
+        self._max_bytes = max_bytes
+        self._result = result
+
+    def __enter__(self) -> R:
+        self._writer.begin_batch(self._max_bytes)
+        return self._result
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        sync(self._writer.end_batch(exc))
+
+    async def __aenter__(self) -> R:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._writer.end_batch(exc)
+
+
 class ShardWriter:
+    """Turns chunk updates into shard commits on ``inner``: by ``strategy``, each
+    commit tried up to ``attempts`` times against other writers, ``on_commit(key)``
+    told of every shard key committed to (or attempted), so readers drop it."""
+
     def __init__(
         self,
         inner: InnerStore,
@@ -111,10 +156,46 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
+    async def write_all(self, by_shard: UpdatesByShard) -> None:
+        """Updates to several shards, one commit each, concurrently."""
+        await asyncio.gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
+
     def pending(self, chunk: ChunkAddress) -> list[Update] | None:
         """Buffered updates to a chunk that are not in the inner store yet."""
         buffer = self._buffer
         return None if buffer is None else buffer.updates_for(chunk.shard.key, chunk.position)
+
+    async def read_through(self, chunks: list[ChunkRead], read: ChunkReader) -> list[bytes | None]:
+        """Chunk reads by ``read`` that see this writer's buffered (``batch()``) updates:
+        a chunk given a whole new value is served from the buffer, one with a splice
+        still buffered is read whole and the splice applied."""
+        if self._buffer is None:
+            return await read(chunks)
+        results: list[bytes | None] = [None] * len(chunks)
+        stored: list[int] = []
+        spliced: list[tuple[int, list[Update]]] = []
+        for slot, (chunk, byte_range) in enumerate(chunks):
+            pending = self.pending(chunk)
+            if pending is None:
+                stored.append(slot)
+            elif independent_of_old(pending):
+                value = apply_updates(None, pending)
+                results[slot] = None if value is None else slice_range(value, byte_range)
+            else:
+                spliced.append((slot, pending))
+        wanted = [chunks[i] for i in stored] + [(chunks[i][0], None) for i, _ in spliced]
+        values = await read(wanted) if wanted else []
+        for slot, value in zip([*stored, *(i for i, _ in spliced)], values, strict=True):
+            results[slot] = value
+        for slot, pending in spliced:
+            value = apply_updates(results[slot], pending)
+            results[slot] = None if value is None else slice_range(value, chunks[slot][1])
+        return results
+
+    def batch(self, max_bytes: int, result: R) -> BatchScope[R]:
+        """A ``with`` / ``async with`` block whose writes are buffered (see
+        :meth:`~shardstore.store.ShardingStore.batch`); entering it gives ``result``."""
+        return BatchScope(self, max_bytes, result)
 
     # -- batches ------------------------------------------------------------------
 
@@ -205,7 +286,7 @@ class ShardWriter:
             self.strategy == "append"
             and not job.compact
             and self._inner.supports_append
-            and shard.shard_format.index_location == "end"
+            and shard.shard_format.appendable
             and not covers_shard(shard, updates)  # a whole new shard is written compact
         )
         if not appendable or not await self._append(shard, updates):

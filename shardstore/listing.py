@@ -1,0 +1,98 @@
+"""Listing through shards: the chunk keys a sharded array holds are the entries
+present in its shards' indices, so listings read indices, never shard bodies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.catalog import ArrayCatalog
+from shardstore.inner import InnerStore
+from shardstore.reading.reader import ShardReader
+
+__all__ = ["ShardLister", "as_dir"]
+
+_INDEX_BATCH = 512
+"""Shard indices read per inner batch while listing."""
+
+
+def as_dir(prefix: str) -> str:
+    return prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
+
+
+class ShardLister:
+    """Lists keys under a prefix: pass-through keys as the inner store has them,
+    chunk keys of sharded arrays from their shards' indices. ``settle`` is awaited
+    first, so that a listing inside a ``batch()`` sees the batch's writes."""
+
+    def __init__(
+        self,
+        inner: InnerStore,
+        catalog: ArrayCatalog,
+        reader: ShardReader,
+        settle: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._inner = inner
+        self._catalog = catalog
+        self._reader = reader
+        self._settle = settle
+
+    async def scan(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
+        """Inner objects that may hold keys under ``prefix``: shard objects of sharded
+        arrays, and the other keys under the prefix (which pass through)."""
+        await self._settle()
+        around = await self._catalog.sharded_array_around(prefix)
+        inner_prefix = prefix
+        if around is not None and prefix.startswith(around.chunk_prefix):
+            inner_prefix = around.chunk_prefix  # shard keys differ from the chunk keys below
+        shards: list[ShardAddress] = []
+        plain: list[str] = []
+        async for key in self._inner.list_prefix(inner_prefix):
+            info = await self._catalog.array_for_key(key)
+            coords = info.coords(key) if info is not None and info.shard_format is not None else None
+            if info is not None and coords is not None:
+                shards.append(ShardAddress(info, key, coords))
+            elif key.startswith(prefix):
+                plain.append(key)
+        return shards, plain
+
+    async def chunks_in(
+        self, shards: list[ShardAddress], prefix: str
+    ) -> AsyncIterator[tuple[ChunkAddress, int]]:
+        """Chunks under ``prefix`` present in the shards' indices, with their sizes."""
+        for start in range(0, len(shards), _INDEX_BATCH):
+            batch = shards[start : start + _INDEX_BATCH]
+            for shard, index in zip(batch, await self._reader.read_indices(batch), strict=True):
+                if index is None:
+                    continue
+                for pos, key in shard.present_keys(index):
+                    if key.startswith(prefix):
+                        yield ChunkAddress(key, shard, pos), int(index[pos, 1])
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        shards, plain = await self.scan(prefix)
+        for key in plain:
+            yield key
+        async for chunk, _ in self.chunks_in(shards, prefix):
+            yield chunk.key
+
+    async def size_under(self, prefix: str) -> int:
+        shards, plain = await self.scan(prefix)
+        total = sum(s or 0 for s in await asyncio.gather(*(self._inner.getsize(k) for k in plain)))
+        async for _, nbytes in self.chunks_in(shards, prefix):
+            total += nbytes
+        return total
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        prefix = as_dir(prefix)
+        await self._settle()
+        around = await self._catalog.sharded_array_around(prefix)
+        if around is None or around.chunk_prefix == prefix + "c/":
+            # No shard key sits directly below: the inner names are the logical ones.
+            async for name in self._inner.list_dir(prefix):
+                yield name
+            return
+        names = {key[len(prefix) :].split("/", 1)[0] async for key in self.list_prefix(prefix)}
+        for name in sorted(names):
+            yield name
