@@ -65,7 +65,7 @@ async def convert_async(
         k for k, v in docs.items() if v is not None and _is_array_document(k.rpartition("/")[2], v.to_bytes())
     ]
     for key in arrays:  # every config checked before anything is written
-        dst.check_new_array(key, docs[key].to_bytes())  # type: ignore[union-attr]
+        dst.internals.check_new_array(key, docs[key].to_bytes())  # type: ignore[union-attr]
     for key in arrays:
         await dst.set(key, docs[key])  # type: ignore[arg-type]
     chunks = [k for k in keys if k not in docs]

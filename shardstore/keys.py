@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import InvalidKeyError
 
 __all__ = [
     "ChunkKeyGrammar",
     "candidate_array_paths",
+    "check_byte_range",
     "check_key",
     "chunk_coords_in_shard",
     "join_path",
@@ -38,6 +40,14 @@ def check_key(key: str) -> None:
     """Reject keys that could escape the root of a file-system store."""
     if key.startswith("/") or ".." in key.split("/"):
         raise InvalidKeyError(f"invalid key {key!r}: keys may not start with '/' or contain '..'")
+
+
+def check_byte_range(byte_range: Any) -> None:
+    """Reject what is not one of zarr's byte requests (as zarr's own stores do)."""
+    if byte_range is not None and not isinstance(
+        byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
+    ):
+        raise TypeError(f"Unexpected byte_range, got {byte_range}")
 
 
 def split_key(key: str) -> tuple[str, str]:

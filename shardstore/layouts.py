@@ -66,7 +66,7 @@ async def switch_layout_async(store: ShardingStore, path: str, to: Layout) -> bo
     was in it already. Shard objects are not read or written."""
     if to not in ("transformer", "codec"):
         raise ShardingConfigError(f"layout must be 'transformer' or 'codec', not {to!r}")
-    inner = store.raw
+    inner = store.internals.raw
     path = path.strip("/")
     raw = await inner.get(join_path(path, V3_NAME))
     if raw is None:
@@ -81,7 +81,7 @@ async def switch_layout_async(store: ShardingStore, path: str, to: Layout) -> bo
     new = switched_document(path, doc, to)
     if new is None:
         return False
-    await store.metadata_written(join_path(path, V3_NAME), dump_document(new))
+    await store.internals.metadata_written(join_path(path, V3_NAME), dump_document(new))
     # copies of the document consolidated in the groups above it
     parts = path.split("/") if path else []
     for depth in range(len(parts)):

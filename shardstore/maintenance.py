@@ -99,14 +99,14 @@ async def _read_indices(store: ShardingStore, shards: list[ShardAddress]) -> lis
     """Fresh indices in one batch; if a damaged shard fails the batch, each is read
     alone, so that a damaged shard costs only itself."""
     try:
-        return list(await store.read_indices(shards))
+        return list(await store.internals.read_indices(shards))
     except ShardFormatError:
         return list(await asyncio.gather(*(_read_index(store, s) for s in shards)))
 
 
 async def _read_index(store: ShardingStore, shard: ShardAddress) -> _Read:
     try:
-        (index,) = await store.read_indices([shard])
+        (index,) = await store.internals.read_indices([shard])
     except ShardFormatError as exc:
         return exc
     return index
@@ -124,7 +124,7 @@ async def _survey(store: ShardingStore, shards: list[ShardAddress]) -> list[_Sur
     # Sizes after indices: a concurrent append then only adds dead bytes, never a
     # range past the size read.
     indices = await _read_indices(store, shards)
-    sizes = await asyncio.gather(*(store.raw.getsize(s.key) for s in shards))
+    sizes = await asyncio.gather(*(store.internals.raw.getsize(s.key) for s in shards))
     return [
         _surveyed(s, index, size)
         for s, index, size in zip(shards, indices, sizes, strict=True)
@@ -157,7 +157,7 @@ def _inconsistency(shard: ShardAddress, index: ShardIndex | ShardFormatError, nb
 async def list_keys_async(store: ShardingStore, prefix: str = "") -> tuple[list[str], dict[str, str]]:
     """The logical keys under ``prefix`` as zarr sees them (sorted), and the shards
     whose chunks could not be listed (key -> why): a listing that goes on past them."""
-    shards, plain = await store.shards_under(prefix)
+    shards, plain = await store.internals.shards_under(prefix)
     keys, damaged = list(plain), {}
     for shard, index in zip(shards, await _read_indices(store, shards), strict=True):
         if isinstance(index, ShardFormatError):
@@ -169,7 +169,7 @@ async def list_keys_async(store: ShardingStore, prefix: str = "") -> tuple[list[
 
 async def shard_reports_async(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
     """One report per shard object under ``prefix`` (damaged ones with ``damage`` set)."""
-    shards, _ = await store.shards_under(prefix)
+    shards, _ = await store.internals.shards_under(prefix)
     return [s.report for s in await _survey(store, shards)]
 
 
@@ -184,10 +184,10 @@ async def compact_async(
     """
     if store.read_only:  # before surveying: as any write would
         raise ValueError("store was opened in read-only mode and does not support writing")
-    shards, _ = await store.shards_under(prefix)
+    shards, _ = await store.internals.shards_under(prefix)
     surveyed = await _survey(store, shards)
     doomed = [s for s in surveyed if s.index is not None and s.report.dead_bytes >= min_dead_bytes]
-    await asyncio.gather(*(store.compact_shard(s.shard) for s in doomed))
+    await asyncio.gather(*(store.internals.compact_shard(s.shard) for s in doomed))
     return [s.report for s in doomed] + [s.report for s in surveyed if s.index is None]
 
 
@@ -233,12 +233,12 @@ class ArrayReport:
 
 async def info_async(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
     """Per array under ``prefix``: shards, chunks present, fill ratio, stored and dead bytes."""
-    shards, plain = await store.shards_under(prefix)
+    shards, plain = await store.internals.shards_under(prefix)
     surveyed = await _survey(store, shards)
     arrays = sorted({k.rpartition("/")[0] for k in plain if k.rpartition("/")[2] in ARRAY_DOC_NAMES})
     reports = []
     for path in arrays:
-        info = await store.array_at(path)
+        info = await store.internals.array_at(path)
         if info is not None:
             mine = [s for s in surveyed if s.shard.info.path == path]
             reports.append(
@@ -330,7 +330,7 @@ async def leftovers_async(store: ShardingStore, prefix: str = "") -> dict[str, s
     """Hidden files writers keep beside objects under ``prefix`` (local directories),
     key -> what it is. Running writers have them too; what a crash leaves stays until
     the object's next write (a partial write until deleted). Never damage by itself."""
-    found = await store.raw.temporary_files(prefix)
+    found = await store.internals.raw.temporary_files(prefix)
     return {hidden: _LEFTOVERS[kind].format(obj=obj) for hidden in found for obj, kind in [_owner(hidden)]}
 
 
@@ -357,7 +357,7 @@ async def verify_async(
     found in it (empty: all is well); a damaged shard never stops the run. A torn tail
     left by a crashed append is damage (to any reader but shardstore); other
     leftovers are :func:`leftovers`."""
-    shards, plain = await store.shards_under(prefix)
+    shards, plain = await store.internals.shards_under(prefix)
     damaged, readable = await _check_shards(store, shards, prefix, progress)
     if decode:
         failed = await _undecodable(store, readable + await _plain_chunks(store, plain), progress)
@@ -370,7 +370,7 @@ async def _check_shards(
     store: ShardingStore, shards: list[ShardAddress], prefix: str, progress: Progress | None
 ) -> tuple[dict[str, str], list[_Chunks]]:
     """Damaged shards (key -> problems), and the chunks that reads can locate."""
-    hidden = map(_owner, await store.raw.temporary_files(prefix))
+    hidden = map(_owner, await store.internals.raw.temporary_files(prefix))
     journaled = {obj for obj, kind in hidden if kind == "appending"}
     arrays = {s.info.path: s.info for s in shards}
     sizes = {path: await _chunk_nbytes(store, info) for path, info in arrays.items()}
@@ -395,8 +395,8 @@ async def _check_shard(
 ) -> tuple[list[str], list[str]]:
     """One shard's problems, and the keys of the chunks that reads can locate in it."""
     # The size first: an append between the two only makes the shard read longer.
-    size = await store.raw.getsize(shard.key) if journaled else None
-    blob = await store.raw.get(shard.key)  # as committed
+    size = await store.internals.raw.getsize(shard.key) if journaled else None
+    blob = await store.internals.raw.get(shard.key)  # as committed
     if blob is None:
         return [], []
     problems = shard.shard_format.problems(blob, chunk_nbytes)
@@ -417,7 +417,7 @@ async def _plain_chunks(store: ShardingStore, keys: list[str]) -> list[_Chunks]:
     """The chunk objects of unsharded arrays among ``keys``, grouped by array."""
     by_array: dict[str, _Chunks] = {}
     for key in keys:
-        info = await store.array_of_key(key)
+        info = await store.internals.array_of_key(key)
         coords = None if info is None else info.coords(key)
         if info is not None and coords is not None and info.in_grid(coords):
             by_array.setdefault(info.path, (info, None, []))[2].append(key)

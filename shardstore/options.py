@@ -45,7 +45,30 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """How one store instance reads and writes (see :class:`~shardstore.ShardingStore`)."""
+    """How one store instance reads and writes (the keyword arguments of
+    :class:`~shardstore.ShardingStore` of the same names).
+
+    ``layout``: how new arrays' metadata describes their sharding.
+    ``write_strategy``: ``"rewrite"`` writes each commit as one compact shard;
+    ``"append"`` appends new chunks and a new index where the inner store can.
+    ``read_strategy``: ``"chunk"`` reads the ranges asked for (a batch that wants
+    half of a shard's chunks fetches it whole); ``"shard"`` fetches every shard a
+    read touches whole, into a shard cache of ``shard_cache_bytes``, so the rest
+    of a slab or whole-array read costs no request; ``"auto"`` is ``"shard"`` on
+    remote stores (shards up to 64 MiB uncompressed), fetches a local file's shard
+    whole once it is read a third time within a second (up to 16 MiB), and is
+    ``"chunk"`` on in-memory stores.
+    ``index_cache``: ``"auto"`` caches what a read can check for free (local
+    files: indices by version in the same read, whole shards by a ``stat``) and
+    elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
+    after it was fetched; ``"revalidate"`` keeps cached shards but asks for each
+    again on every read, downloading it only if it changed (S3: a conditional
+    GET on its ETag); ``"trust"`` caches both until evicted (data that only this
+    store changes); ``"off"`` caches nothing. Writes through a store always drop
+    what it cached. ``index_cache_bytes`` bounds the index cache.
+    ``write_attempts``: conditional writes one commit tries against other
+    writers before :class:`~shardstore.errors.ShardConflictError`.
+    """
 
     layout: Layout = "transformer"
     write_strategy: WriteStrategy = "rewrite"

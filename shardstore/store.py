@@ -13,18 +13,18 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any, Literal
 
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 
-from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.addressing import ChunkAddress
 from shardstore.catalog import ArrayCatalog
-from shardstore.formats.indexed import ShardIndex
-from shardstore.inner import InnerStore, adapt
+from shardstore.inner import adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
-from shardstore.keys import check_key, split_key
+from shardstore.internals import StoreInternals
+from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
-from shardstore.metadata import ArrayInfo, ChunksPerShard, Layout, ShardingPolicy
+from shardstore.metadata import ChunksPerShard, Layout, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
@@ -37,13 +37,6 @@ from shardstore.writing.writer import DEFAULT_BATCH_BYTES, BatchScope, ShardWrit
 __all__ = ["ShardingStore"]
 
 
-def _check_byte_range(byte_range: Any) -> None:
-    if byte_range is not None and not isinstance(
-        byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
-    ):
-        raise TypeError(f"Unexpected byte_range, got {byte_range}")
-
-
 class ShardingStore(Store):
     """A zarr store that bundles the chunks of sharded arrays into shard objects.
 
@@ -51,25 +44,12 @@ class ShardingStore(Store):
     store or a mutable mapping. ``chunks_per_shard`` decides the sharding of
     arrays created through this store (a sequence for every array of its
     rank, a mapping by array path, a callable ``(path, metadata) ->
-    sequence | None``, or None); existing arrays keep the config recorded in
-    their metadata. ``write_strategy`` is ``"rewrite"`` (compact shards) or
-    ``"append"`` (append new chunks and index where the inner store can).
-
-    Reads: ``read_strategy="chunk"`` reads the ranges asked for (a batch that
-    wants half of a shard's chunks fetches it whole); ``"shard"`` fetches every
-    shard a read touches whole, into a shard cache of ``shard_cache_bytes``, so
-    the rest of a slab or whole-array read costs no request; ``"auto"`` is
-    ``"shard"`` on remote stores (shards up to 64 MiB uncompressed), fetches a
-    local file's shard whole once it is read a third time within a second
-    (up to 16 MiB), and is ``"chunk"`` on in-memory stores.
-    ``index_cache="auto"`` caches what a read can check for free (local files:
-    indices by version in the same read, whole shards by a ``stat``) and
-    elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
-    after it was fetched; ``"revalidate"`` keeps cached shards but asks for each
-    again on every read, downloading it only if it changed (S3: a conditional GET
-    on its ETag); ``"trust"`` caches both until evicted (data that only this store
-    changes); ``"off"`` caches nothing. Writes through this
-    store always drop what it cached.
+    sequence | None``, or None), with ``index_location`` and ``index_checksum``;
+    existing arrays keep the config recorded in their metadata. ``layout`` is
+    how new arrays' metadata describes the sharding (``"transformer"`` or the
+    ``"codec"`` zarr reads without shardstore). ``write_strategy``,
+    ``read_strategy``, the caches and ``write_attempts`` are this instance's
+    own choices, never recorded (see :class:`~shardstore.options.StoreOptions`).
     """
 
     def __init__(
@@ -108,15 +88,26 @@ class ShardingStore(Store):
         self._catalog = ArrayCatalog(self._inner)
         self._metadata = MetadataGateway(self._inner, self._catalog, self._policy, self._options.layout)
         reads = ReadPolicy.resolve(self._options, self._inner)
-        self._indices = IndexCache(reads.index_cache_bytes)
-        self._shards = ShardCache(reads.shard_cache_bytes)
-        self._reader = ShardReader(self._inner, self._indices, self._shards, reads)
+        self._reader = ShardReader(
+            self._inner, IndexCache(reads.index_cache_bytes), ShardCache(reads.shard_cache_bytes), reads
+        )
         self._writer = ShardWriter(
             self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
         )
         self._router = KeyRouter(self._catalog)
         self._lister = ShardLister(self._inner, self._catalog, self._reader, self._writer.drain)
         self._reads = ReadCoalescer(self._read_checked)
+        self.internals = StoreInternals(
+            self._inner,
+            self._catalog,
+            self._policy,
+            self._metadata,
+            self._reader,
+            self._writer,
+            self._lister,
+            self._check_writable,
+        )
+        """The internal API of shardstore's own tools (see :mod:`shardstore.internals`)."""
 
     # -- identity -------------------------------------------------------------
 
@@ -168,59 +159,6 @@ class ShardingStore(Store):
     def supports_listing(self) -> bool:
         return True
 
-    # -- the internal API of shardstore's own tools (maintenance, layouts) ---------
-
-    @property
-    def raw(self) -> InnerStore:
-        """The inner store as shardstore sees it: shard objects, not chunk keys."""
-        return self._inner
-
-    async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
-        """Shard objects that may hold keys under ``prefix``, and the other inner keys
-        under it (which pass through); a batch open on this store is committed first."""
-        return await self._lister.scan(prefix)
-
-    async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
-        """The shards' indices, read afresh in one batch (None: no such shard)."""
-        return await self._reader.read_indices(shards)
-
-    async def compact_shard(self, shard: ShardAddress) -> None:
-        """Rewrite one shard compactly (dropping dead bytes), as a commit."""
-        self._check_writable()
-        await self._writer.compact(shard)
-
-    async def array_at(self, path: str) -> ArrayInfo | None:
-        """What the store knows of the array at ``path`` (None: no array there)."""
-        return await self._catalog.lookup(path.strip("/"))
-
-    async def array_of_key(self, key: str) -> ArrayInfo | None:
-        """The array a key belongs to, by the key's path (None: none)."""
-        return await self._catalog.array_for_key(key)
-
-    async def metadata_written(self, key: str, raw: bytes) -> None:
-        """Write a metadata document exactly as given (tools that rewrite one do)."""
-        await self._metadata.write_as_is(key, raw)
-
-    async def chunks_per_shard_for(
-        self, path: str, shape: tuple[int, ...], dtype: str = "float64"
-    ) -> tuple[int, ...] | None:
-        """Chunks per shard of the array at ``path``: as recorded if it exists, else as
-        this store's config would shard a new array of that shape (None: unsharded)."""
-        path = path.strip("/")
-        info = await self._catalog.lookup(path)
-        if info is not None:
-            return None if info.shard_format is None else info.shard_format.chunks_per_shard
-        doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
-        layout = self._policy.format_for(path, doc, len(shape))
-        return None if layout is None else layout.chunks_per_shard
-
-    def cache_usage(self) -> dict[str, tuple[int, int]]:
-        """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
-        return {
-            "indices": (len(self._indices), self._indices.nbytes),
-            "shards": (len(self._shards), self._shards.nbytes),
-        }
-
     def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> BatchScope[ShardingStore]:
         """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).
 
@@ -252,7 +190,7 @@ class ShardingStore(Store):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        _check_byte_range(byte_range)
+        check_byte_range(byte_range)
         check_key(key)
         return await self._reads.get(prototype, key, byte_range)
 
@@ -264,7 +202,7 @@ class ShardingStore(Store):
         that chunk's own bytes."""
         requests = list(key_ranges)
         for key, byte_range in requests:
-            _check_byte_range(byte_range)
+            check_byte_range(byte_range)
             check_key(key)
         return await self._read_checked(prototype, requests)
 
@@ -366,11 +304,6 @@ class ShardingStore(Store):
             old = await self.get(key, default_buffer_prototype())
             new = apply_updates(None if old is None else old.to_bytes(), [Splice(start, data)])
             await self.set(key, default_buffer_prototype().buffer.from_bytes(new or b""))
-
-    def check_new_array(self, key: str, raw: bytes) -> None:
-        """Raise ShardingConfigError if writing this new array document would (a dry
-        run of the config checks of :meth:`set`, for tools writing many arrays)."""
-        self._metadata.check_new_array(key, raw)
 
     # -- deletes -----------------------------------------------------------------
 

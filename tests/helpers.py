@@ -13,13 +13,13 @@ from shardstore.formats.indexed import IndexedFormat
 
 def inner_keys(store: ShardingStore) -> list[str]:
     async def collect() -> list[str]:
-        return sorted([k async for k in store.raw.list_prefix("")])
+        return sorted([k async for k in store.internals.raw.list_prefix("")])
 
     return asyncio.run(collect())
 
 
 def inner_get(store: ShardingStore, key: str) -> bytes | None:
-    return asyncio.run(store.raw.get(key))
+    return asyncio.run(store.internals.raw.get(key))
 
 
 def logical_keys(store: ShardingStore, prefix: str = "") -> list[str]:

@@ -25,10 +25,10 @@ class _Base(StoreTests[ShardingStore, cpu.Buffer]):
     buffer_cls = cpu.Buffer
 
     async def set(self, store: ShardingStore, key: str, value: Buffer) -> None:
-        await store.raw.set(key, value.to_bytes())
+        await store.internals.raw.set(key, value.to_bytes())
 
     async def get(self, store: ShardingStore, key: str) -> Buffer:
-        raw = await store.raw.get(key)
+        raw = await store.internals.raw.get(key)
         assert raw is not None, key
         return self.buffer_cls.from_bytes(raw)
 
@@ -81,7 +81,7 @@ class TestOverAsyncFsspec(_Base):
         return {"inner": fsspec.FSMap(f"async-{tmp_path.name}", fs), "chunks_per_shard": (2, 2)}
 
     def test_uses_the_async_api(self, store: ShardingStore) -> None:
-        assert store.raw._async_fs is not None  # type: ignore[attr-defined]
+        assert store.internals.raw._async_fs is not None  # type: ignore[attr-defined]
 
 
 class TestOverZarrFsspecStore(_Base):

@@ -61,9 +61,9 @@ def test_damaged_index_is_a_format_error(
     store = ShardingStore(inner, (2, 2), storage_options=options)
     arr = zarr.create_array(store, name="a", shape=(16, 8), chunks=(4, 4), dtype="f4", compressors=None)
     arr[:] = np.arange(128, dtype="f4").reshape(16, 8)  # shards a/c/0/0 and a/c/1/0
-    raw = asyncio.run(store.raw.get(SHARD))
+    raw = asyncio.run(store.internals.raw.get(SHARD))
     assert raw is not None
-    asyncio.run(store.raw.set(SHARD, _damage(raw, *DAMAGE[damage])))
+    asyncio.run(store.internals.raw.set(SHARD, _damage(raw, *DAMAGE[damage])))
     reader = zarr.open_array(
         ShardingStore(inner, storage_options=options, read_strategy=read_strategy), path="a", mode="r"
     )

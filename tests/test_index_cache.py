@@ -92,6 +92,6 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     store = ShardingStore(LocalInner(tmp_path), chunks_per_shard=(2, 2), index_cache_bytes=4 * 64)
     arr = _write(store)
     _ = arr[:]  # 16 shards, each a 64-byte index
-    entries, nbytes = store.cache_usage()["indices"]
+    entries, nbytes = store.internals.cache_usage()["indices"]
     assert nbytes <= 4 * 64
     assert entries == 4

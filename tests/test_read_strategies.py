@@ -143,7 +143,7 @@ def test_shard_cache_stays_within_its_bound() -> None:
     shard_nbytes = 16 * 8 + 16 * 16  # 16 chunks of 8 bytes, and the index
     store, arr = _open(counted, read_strategy="shard", shard_cache_bytes=3 * shard_nbytes)
     np.testing.assert_array_equal(arr[:], DATA)
-    entries, nbytes = store.cache_usage()["shards"]
+    entries, nbytes = store.internals.cache_usage()["shards"]
     assert 0 < nbytes <= 3 * shard_nbytes
     assert entries <= 3
 
@@ -204,11 +204,11 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     counted, _ = _written(SlowMapping)
     store = ShardingStore(counted, read_strategy="shard")
     await store.get("a/zarr.json", default_buffer_prototype())
-    info = await store.array_of_key("a/c/1/1")
+    info = await store.internals.array_of_key("a/c/1/1")
     assert info is not None
     where = locate(info, "a/c/1/1", (1, 1))
-    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.raw)
-    reader = ShardReader(store.raw, IndexCache(2**20), ShardCache(2**20), policy)
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw)
+    reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
     counted.counts.reset()
     first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await asyncio.sleep(0.01)

@@ -111,6 +111,11 @@ class ShardReader:
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._changed: OrderedDict[str, float] = OrderedDict()
 
+    def cache_usage(self) -> dict[str, tuple[int, int]]:
+        """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
+        indices, shards = self._indices, self._shards
+        return {"indices": (len(indices), indices.nbytes), "shards": (len(shards), shards.nbytes)}
+
     def forget(self, shard_key: str) -> None:
         """The shard changed (a write through this store): what is cached of it goes,
         and what a read sent before now brings back is not cached."""

@@ -1,0 +1,84 @@
+"""The internal API of shardstore's own tools (maintenance, layouts, convert,
+rechunk): what they may ask of a store beyond zarr's Store API, and nothing
+else. A store hands it out as ``store.internals``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardstore.addressing import ShardAddress
+from shardstore.catalog import ArrayCatalog
+from shardstore.formats.indexed import ShardIndex
+from shardstore.inner import InnerStore
+from shardstore.listing import ShardLister
+from shardstore.metadata import ArrayInfo, ShardingPolicy
+from shardstore.metadata_gateway import MetadataGateway
+from shardstore.reading.reader import ShardReader
+from shardstore.writing.writer import ShardWriter
+
+__all__ = ["StoreInternals"]
+
+
+@dataclass(frozen=True)
+class StoreInternals:
+    """One store's parts, seen through the few operations tools need."""
+
+    raw: InnerStore
+    """The inner store as shardstore sees it: shard objects, not chunk keys."""
+    _catalog: ArrayCatalog
+    _policy: ShardingPolicy
+    _metadata: MetadataGateway
+    _reader: ShardReader
+    _writer: ShardWriter
+    _lister: ShardLister
+    _check_writable: Callable[[], None]
+
+    async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
+        """Shard objects that may hold keys under ``prefix``, and the other inner keys
+        under it (which pass through); a batch open on the store is committed first."""
+        return await self._lister.scan(prefix)
+
+    async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
+        """The shards' indices, read afresh in one batch (None: no such shard)."""
+        return await self._reader.read_indices(shards)
+
+    async def compact_shard(self, shard: ShardAddress) -> None:
+        """Rewrite one shard compactly (dropping dead bytes), as a commit."""
+        self._check_writable()
+        await self._writer.compact(shard)
+
+    async def array_at(self, path: str) -> ArrayInfo | None:
+        """What the store knows of the array at ``path`` (None: no array there)."""
+        return await self._catalog.lookup(path.strip("/"))
+
+    async def array_of_key(self, key: str) -> ArrayInfo | None:
+        """The array a key belongs to, by the key's path (None: none)."""
+        return await self._catalog.array_for_key(key)
+
+    async def metadata_written(self, key: str, raw: bytes) -> None:
+        """Write a metadata document exactly as given (tools that rewrite one do)."""
+        self._check_writable()
+        await self._metadata.write_as_is(key, raw)
+
+    def check_new_array(self, key: str, raw: bytes) -> None:
+        """Raise ShardingConfigError if writing this new array document through the
+        store would (a dry run of its config checks, for tools writing many arrays)."""
+        self._metadata.check_new_array(key, raw)
+
+    async def chunks_per_shard_for(
+        self, path: str, shape: tuple[int, ...], dtype: str = "float64"
+    ) -> tuple[int, ...] | None:
+        """Chunks per shard of the array at ``path``: as recorded if it exists, else as
+        the store's config would shard a new array of that shape (None: unsharded)."""
+        path = path.strip("/")
+        info = await self._catalog.lookup(path)
+        if info is not None:
+            return None if info.shard_format is None else info.shard_format.chunks_per_shard
+        doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
+        fmt = self._policy.format_for(path, doc, len(shape))
+        return None if fmt is None else fmt.chunks_per_shard
+
+    def cache_usage(self) -> dict[str, tuple[int, int]]:
+        """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
+        return self._reader.cache_usage()
