@@ -119,21 +119,22 @@ class ReadPolicy:
     @classmethod
     def resolve(cls, options: StoreOptions, inner: InnerStore) -> ReadPolicy:
         mode = options.index_cache
+        can = inner.capabilities
         checked = mode in ("auto", "revalidate")
         # indices only where a read can check them for free, unless trusted
-        caching = mode == "trust" or (checked and inner.supports_versions)
+        caching = mode == "trust" or (checked and can.versions)
         # In memory a range read could meet a newer shard than its index came from,
         # while a whole read is one consistent snapshot and costs no more.
-        in_memory = not (inner.versioned_ranges or inner.remote)
+        in_memory = not (can.versioned_ranges or can.remote)
         whole: WholeShards = "never"
         if options.read_strategy == "shard" or in_memory:
             whole = "always"
         elif options.read_strategy == "auto" and mode != "off":
             # remote: on first read, served for cache_max_age; local files: on a repeated
             # read, its version checked by every later read; in memory: ranges, nothing cached
-            if inner.remote:
+            if can.remote:
                 whole = "always"
-            elif inner.supports_versions:
+            elif can.versions:
                 whole = "repeat"
         return cls(
             index_cache_bytes=options.index_cache_bytes if caching else 0,
@@ -144,7 +145,7 @@ class ReadPolicy:
             else options.shard_cache_bytes,
             validate=checked,
             whole=whole,
-            whole_limit=AUTO_WHOLE_SHARD_BYTES[inner.remote] if options.read_strategy == "auto" else None,
+            whole_limit=AUTO_WHOLE_SHARD_BYTES[can.remote] if options.read_strategy == "auto" else None,
             max_age={"trust": None, "revalidate": 0.0}.get(mode, options.cache_max_age),
             revalidate=mode == "revalidate",
         )

@@ -304,10 +304,6 @@ class FaultyInner(DelegatingInner):
         with self._lock:
             self.commits.append(Commit(key, changed))
 
-    @property
-    def supports_append(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_append
-
     async def append(self, key: str, build: Any) -> bool:
         self._request("append to", key)
         lost = False

@@ -17,6 +17,7 @@ from zarr.core.buffer import default_buffer_prototype
 from shardstore import ShardFormatError, ShardingConfigError, ShardingStore
 from shardstore.addressing import locate
 from shardstore.inner import LocalInner, MappingInner
+from shardstore.inner.base import Capabilities
 from shardstore.instrument import CountingInner
 from shardstore.options import ReadPolicy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
@@ -28,7 +29,7 @@ DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
 class RemoteMapping(MappingInner):
     """A mapping that says it is remote, as object stores do."""
 
-    remote = True
+    capabilities = Capabilities(remote=True)
 
 
 class SlowMapping(MappingInner):

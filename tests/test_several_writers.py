@@ -225,7 +225,7 @@ def test_a_failed_precondition_is_re_read_and_retried(s3: Any) -> None:
     import asyncio
 
     inner = adapt(s3.url("cond"), s3.storage_options)
-    assert inner.conditional_writes
+    assert inner.capabilities.conditional_writes
     seen: list[bytes | None] = []
 
     def change(old: bytes | None) -> bytes:

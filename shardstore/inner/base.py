@@ -8,6 +8,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -66,8 +67,36 @@ def names_under(keys: Iterator[str] | list[str], prefix: str) -> list[str]:
     return sorted({k[len(prefix) :].split("/", 1)[0] for k in keys if k.startswith(prefix) and k != prefix})
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an inner store can do beyond get/set/delete/list; the read and write
+    paths choose by these, never by the adapter's type."""
+
+    remote: bool = False
+    """Each request costs a network round trip (object stores, HTTP): then one
+    whole-shard request beats several small ones."""
+    versions: bool = False
+    """Reads report, and can check, the version of the object read, cheaply and in
+    the same request (:meth:`InnerStore.version`): the index cache validates itself
+    for free."""
+    versioned_ranges: bool = False
+    """A range read can be checked against the version of the object its index was
+    read from (local files by stat, S3 by If-Match). Elsewhere an index and a range
+    read later may come from two different versions of a shard."""
+    conditional_writes: bool = False
+    """:meth:`InnerStore.write_if` checks the version: several processes may then
+    write one object (S3 ``If-Match``); otherwise only this process's writers take
+    turns."""
+    append: bool = False
+    """:meth:`InnerStore.append` adds bytes to an object in place, and suffix and
+    whole reads see an append whole or not at all (never a torn tail)."""
+
+
 class InnerStore(ABC):
     """The wrapped storage as seen by the sharding layer."""
+
+    capabilities: Capabilities = Capabilities()
+    """Set per adapter class, or per instance where it depends on the backend."""
 
     @abstractmethod
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None: ...
@@ -147,26 +176,9 @@ class InnerStore(ABC):
             await self.set(key, value)
         return True
 
-    conditional_writes = False
-    """Whether :meth:`write_if` checks the version: several processes may then write
-    one object (S3 ``If-Match``); otherwise only this process's writers take turns."""
-
-    versioned_ranges = False
-    """Whether a range read can be checked against the version of the object its index
-    was read from (local files by stat, S3 by If-Match). Elsewhere an index and a
-    range read later may come from two different versions of a shard."""
-
-    remote = False
-    """Whether each request costs a network round trip (object stores, HTTP): then
-    one whole-shard request beats several small ones."""
-
-    supports_versions = False
-    """Whether reads can report, and check, the version of the object read (cheaply,
-    in the same request): what lets the index cache validate itself for free."""
-
     def version(self, key: str) -> Hashable | None:
-        """The object's current version, cheaply (None: absent). Only stores that
-        ``supports_versions`` implement it."""
+        """The object's current version, cheaply (None: absent). Only stores with the
+        ``versions`` capability implement it."""
         raise NotImplementedError(f"{type(self).__name__} cannot tell versions")
 
     async def get_many_if_modified(
@@ -187,8 +199,6 @@ class InnerStore(ABC):
         """Reads with each object's version; where ``expected`` is given and the object
         is at another version, that read returns ``STALE`` and reads nothing."""
         return [(value, None) for value in await self.get_many(requests)]
-
-    supports_append = False
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         """Append ``build(size, read)`` to an existing object, holding it exclusively.

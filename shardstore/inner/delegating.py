@@ -21,6 +21,7 @@ class DelegatingInner(InnerStore):
 
     def __init__(self, inner: InnerStore) -> None:
         self.inner = inner
+        self.capabilities = inner.capabilities
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DelegatingInner) and type(other) is type(self) and self.inner == other.inner
@@ -29,26 +30,6 @@ class DelegatingInner(InnerStore):
         return f"{type(self).__name__}({self.inner!r})"
 
     # -- capabilities ------------------------------------------------------------
-
-    @property
-    def remote(self) -> bool:  # type: ignore[override]
-        return self.inner.remote
-
-    @property
-    def supports_versions(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_versions
-
-    @property
-    def versioned_ranges(self) -> bool:  # type: ignore[override]
-        return self.inner.versioned_ranges
-
-    @property
-    def conditional_writes(self) -> bool:  # type: ignore[override]
-        return self.inner.conditional_writes
-
-    @property
-    def supports_append(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_append
 
     @property
     def lock_scope(self) -> Hashable:

@@ -16,7 +16,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import ConcurrentWriterWarning
-from shardstore.inner.base import ANY_VERSION, InnerStore, failure, slice_range
+from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range
 
 _HOME = "_shardstore_home_loop"
 """Attribute of an async file system instance: the event loop its sessions belong to."""
@@ -32,7 +32,7 @@ class FsspecInner(InnerStore):
         self.root = root.rstrip("/")
         self._async_fs = _asynchronous_copy(fs)
         self._inline = isinstance(fs, MemoryFileSystem)
-        self.remote = not self._inline and not isinstance(fs, LocalFileSystem)
+        self.capabilities = Capabilities(remote=not self._inline and not isinstance(fs, LocalFileSystem))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FsspecInner) and self.fs == other.fs and self.root == other.root
@@ -152,7 +152,7 @@ class FsspecInner(InnerStore):
 
     async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
         value = await self.get(key)
-        if not self.remote:  # memory: only this process writes it, and it takes turns
+        if not self.capabilities.remote:  # memory: only this process writes it, and it takes turns
             return value, ANY_VERSION
         return value, None if value is None else len(value)
 

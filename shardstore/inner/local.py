@@ -17,6 +17,7 @@ from shardstore.inner.base import (
     STALE,
     UNCHANGED,
     AppendBuilder,
+    Capabilities,
     Change,
     InnerStore,
     failure,
@@ -45,6 +46,8 @@ class LocalInner(InnerStore):
     """A local directory. Objects are replaced atomically (temporary file, then
     rename), so neither a concurrent reader nor a crash ever sees half a shard."""
 
+    capabilities = Capabilities(versions=True, versioned_ranges=True, append=True)
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
 
@@ -65,9 +68,6 @@ class LocalInner(InnerStore):
         # One thread hop for the whole batch: local reads are fast, hops are not.
         with failure("read", requests[0][0] if requests else ""):
             return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
-
-    supports_versions = True
-    versioned_ranges = True
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
@@ -222,8 +222,6 @@ class LocalInner(InnerStore):
             keys = await asyncio.to_thread(self._walk, prefix)
         for key in keys:
             yield key
-
-    supports_append = True
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         with failure("append to", key):

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, failure
+from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
 from shardstore.inner.fsspec_fs import FsspecInner, past_the_end
 
 __all__ = ["S3Inner", "is_s3"]
@@ -70,8 +70,11 @@ async def _bounded(reads: Iterable[Awaitable[T]]) -> list[T]:
 
 
 class S3Inner(FsspecInner):
-    conditional_writes = True
-    versioned_ranges = True
+    """S3 through s3fs, with conditional writes and version-checked range reads."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        super().__init__(fs, root)
+        self.capabilities = Capabilities(remote=True, versioned_ranges=True, conditional_writes=True)
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]

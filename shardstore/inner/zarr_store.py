@@ -11,7 +11,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
 from shardstore.errors import InnerStoreError
-from shardstore.inner.base import InnerStore, failure, names_under, slice_range
+from shardstore.inner.base import Capabilities, InnerStore, failure, names_under, slice_range
 
 
 class ZarrInner(InnerStore):
@@ -19,7 +19,9 @@ class ZarrInner(InnerStore):
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.remote = not isinstance(_innermost(store), MemoryStore | LocalStore | ZipStore)
+        self.capabilities = Capabilities(
+            remote=not isinstance(_innermost(store), MemoryStore | LocalStore | ZipStore)
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ZarrInner) and self.store == other.store

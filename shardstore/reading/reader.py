@@ -101,7 +101,7 @@ class ShardReader:
         self._inner = inner
         self._indices = indices
         self._shards = shards
-        self._check_versions = policy.validate and inner.supports_versions
+        self._check_versions = policy.validate and inner.capabilities.versions
         self._whole = policy.whole
         self._whole_limit = policy.whole_limit
         self._max_age = policy.max_age

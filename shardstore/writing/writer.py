@@ -285,7 +285,7 @@ class ShardWriter:
         appendable = (
             self.strategy == "append"
             and not job.compact
-            and self._inner.supports_append
+            and self._inner.capabilities.append
             and shard.shard_format.appendable
             and not covers_shard(shard, updates)  # a whole new shard is written compact
         )
