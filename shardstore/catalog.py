@@ -28,6 +28,9 @@ __all__ = ["ArrayCatalog"]
 
 
 class ArrayCatalog:
+    """What one store knows of the arrays in ``inner`` (the adapted inner store):
+    fed by the metadata documents it reads and writes, looked up there otherwise."""
+
     def __init__(self, inner: InnerStore) -> None:
         self._inner = inner
         # path -> document name -> (document present, the array it describes if any)

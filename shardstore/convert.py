@@ -36,6 +36,8 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class ConvertReport:
+    """What one conversion copied."""
+
     arrays: int
     chunks: int
     bytes: int

@@ -57,8 +57,8 @@ class ShardConflictError(ShardStoreError):
 class BatchCommitError(ShardStoreError):
     """Some shards buffered in a ``store.batch()`` could not be committed.
 
-    ``failed`` maps each such shard key to its error; every other shard of the
-    batch was committed. The first error is the ``__cause__``.
+    ``message`` names them; ``failed`` maps each such shard key to its error; every
+    other shard of the batch was committed. The first error is the ``__cause__``.
     """
 
     def __init__(self, message: str, failed: dict[str, BaseException]) -> None:

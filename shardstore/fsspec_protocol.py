@@ -33,7 +33,9 @@ def _byte_request(start: int | None, end: int | None) -> ByteRequest | None:
 
 
 class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
-    """A file system whose files are the logical keys of a ShardingStore."""
+    """A file system whose files are the logical keys of a ShardingStore over ``fo``
+    (a path or URL of ``target_protocol``, opened with ``target_options``);
+    ``asynchronous`` and ``loop`` as for any fsspec AsyncFileSystem."""
 
     protocol = "shard"
     root_marker = ""

@@ -29,6 +29,8 @@ __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
 
 @dataclass
 class RequestCounts:
+    """Requests an inner store received, by kind."""
+
     reads: int = 0
     """Object reads, whole or ranged (each item of a batch counts)."""
     read_batches: int = 0
@@ -47,7 +49,8 @@ class RequestCounts:
 
 
 class CountingInner(DelegatingInner):
-    """An inner store that counts every request passed on to the one it wraps."""
+    """An inner store that counts every request passed on to the one it wraps
+    (``inner``, with ``storage_options``, as ShardingStore accepts it)."""
 
     def __init__(self, inner: Any, storage_options: dict[str, Any] | None = None) -> None:
         super().__init__(adapt(inner, storage_options))

@@ -22,9 +22,10 @@ def as_dir(prefix: str) -> str:
 
 
 class ShardLister:
-    """Lists keys under a prefix: pass-through keys as the inner store has them,
-    chunk keys of sharded arrays from their shards' indices. ``settle`` is awaited
-    first, so that a listing inside a ``batch()`` sees the batch's writes."""
+    """Lists keys under a prefix: pass-through keys as ``inner`` has them, chunk
+    keys of the sharded arrays ``catalog`` knows from their shards' indices (read
+    by ``reader``). ``settle`` is awaited first, so that a listing inside a
+    ``batch()`` sees the batch's writes."""
 
     def __init__(
         self,

@@ -56,6 +56,8 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class ShardReport:
+    """One shard object as ``info``/``verify`` see it."""
+
     key: str
     array: str
     nbytes: int
@@ -208,6 +210,8 @@ def compact(store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1) 
 
 @dataclass(frozen=True)
 class ArrayReport:
+    """One array as ``info`` reports it."""
+
     path: str
     sharded: bool
     chunks_per_shard: list[int] | None
@@ -399,7 +403,7 @@ async def _check_shard(
     blob = await store.internals.raw.get(shard.key)  # as committed
     if blob is None:
         return [], []
-    problems = shard.shard_format.problems(blob, chunk_nbytes)
+    problems = shard.shard_format.problems(blob, shard.key, chunk_nbytes)
     if size is not None and size > len(blob):
         problems.append(
             f"torn tail: a crashed append left {size - len(blob)} bytes after the committed "

@@ -40,8 +40,9 @@ __all__ = ["MetadataGateway"]
 
 
 class MetadataGateway:
-    """Reads and writes metadata documents for one store: ``policy`` shards new
-    arrays, recorded in ``form`` (our transformer entry, or standard codec metadata)."""
+    """Reads and writes the metadata documents in ``inner`` for one store, keeping
+    ``catalog`` informed: ``policy`` shards new arrays, recorded in ``form`` (our
+    transformer entry, or standard codec metadata)."""
 
     def __init__(
         self, inner: InnerStore, catalog: ArrayCatalog, policy: ShardingPolicy, form: Layout

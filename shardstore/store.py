@@ -48,8 +48,11 @@ class ShardingStore(Store):
     existing arrays keep the config recorded in their metadata. ``layout`` is
     how new arrays' metadata describes the sharding (``"transformer"`` or the
     ``"codec"`` zarr reads without shardstore). ``write_strategy``,
-    ``read_strategy``, the caches and ``write_attempts`` are this instance's
-    own choices, never recorded (see :class:`~shardstore.options.StoreOptions`).
+    ``read_strategy``, the caches (``index_cache``, ``index_cache_bytes``,
+    ``shard_cache_bytes``, ``cache_max_age``) and ``write_attempts`` are this
+    instance's own choices, never recorded (see
+    :class:`~shardstore.options.StoreOptions`). A ``read_only`` store refuses
+    writes.
     """
 
     def __init__(

@@ -148,7 +148,7 @@ def test_fixed_chunk_sizes_with_a_crc32c_codec_and_in_v2(tmp_path: Path, version
 def test_every_problem_of_a_shard_is_listed() -> None:
     layout = IndexedFormat((2, 2))
     index = np.array([[0, 8], [MISSING, 8], [10_000, 8], [0, 0]], dtype=np.uint64)
-    problems = layout.problems(bytes(16) + layout.encode_index(index), chunk_nbytes=16)
+    problems = layout.problems(bytes(16) + layout.encode_index(index), "s", chunk_nbytes=16)
     kinds = ["only one of offset/nbytes", "truncated", "zero-length", "short entries"]
     assert [next(k for k in kinds if k in p) for p in problems] == kinds
 

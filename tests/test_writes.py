@@ -1,4 +1,4 @@
-"""Issue 3: shard-at-once commits, batches, append-only shards, and failures mid-commit."""
+"""Writes: shard-at-once commits, batches, append-only shards, and failures mid-commit."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 a binary shard format, so that a second format plugs in beside the first.
 
 A format turns the chunks of one shard (an ``int`` each: an index position, or
-a uint64 chunk id) into one object and back, says where a reader finds the
+a uint64 chunk id; bytes as the layer above hands them over) into one object
+and back, says where a reader finds the
 object's (first-level) index, and round-trips its own configuration (the
 ``configuration`` of a ZEP 2 ``type``, or neuroglancer's ``sharding`` object).
 Implementations are frozen dataclasses of pure methods: no I/O.
@@ -54,7 +55,7 @@ class ShardFormat(ABC):
         naming ``key`` for anything inconsistent)."""
 
     @abstractmethod
-    def problems(self, blob: bytes, chunk_nbytes: int | None = None) -> list[str]:
-        """Everything structurally wrong with one shard object, without raising
-        (empty: intact). ``chunk_nbytes``: the size every stored chunk has, where
-        the array's codecs fix one."""
+    def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
+        """Everything structurally wrong with the shard object ``key``, without
+        raising (empty: intact). ``chunk_nbytes``: the size every stored chunk has,
+        where the array's codecs fix one."""

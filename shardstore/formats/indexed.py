@@ -256,7 +256,7 @@ class IndexedFormat(ShardFormat):
         raw_index = self.encode_index(index)
         return raw_index + body if self.index_location == "start" else body + raw_index
 
-    def problems(self, blob: bytes, chunk_nbytes: int | None = None) -> list[str]:
+    def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
         """Each distinct problem once, naming its entries."""
         if len(blob) < self.index_nbytes:
             return [f"truncated: {len(blob)} bytes, shorter than the {self.index_nbytes}-byte index alone"]

@@ -43,8 +43,9 @@ def committed_size(path: Path, stat: os.stat_result) -> int:
 
 
 class LocalInner(InnerStore):
-    """A local directory. Objects are replaced atomically (temporary file, then
-    rename), so neither a concurrent reader nor a crash ever sees half a shard."""
+    """The directory ``root`` as an inner store. Objects are replaced atomically
+    (temporary file, then rename), so neither a concurrent reader nor a crash ever
+    sees half a shard."""
 
     capabilities = Capabilities(versions=True, versioned_ranges=True, append=True)
 
@@ -98,12 +99,14 @@ class LocalInner(InnerStore):
     def _read_versioned(
         path: Path, byte_range: ByteRequest | None, expected: Hashable | None
     ) -> tuple[bytes | None, Hashable | None]:
-        """A read, with the file's version: (inode, size, mtime). Replacing a shard makes
-        a new inode, appending changes its size, so a cached index can be checked here.
+        """A read, with the file's version: (inode, size, mtime). Replacing an object
+        makes a new inode, appending changes its size, so whatever a caller derived
+        from an earlier read can be checked here.
 
-        Whole and index (suffix) reads take a shared lock, so they see the whole old
-        tail or the whole new one of an append; if a crashed append left a torn tail,
-        they see the shard as it was committed (version None: not to be cached)."""
+        Whole and suffix reads take a shared lock (the ``append`` capability: they
+        see an append whole or not at all); if a crashed append left a torn tail,
+        they see the object as it was committed (version None: not to be cached).
+        Ranges at known offsets need no lock: appends never move existing bytes."""
         try:
             with open(path, "rb") as f:
                 fd = f.fileno()
@@ -111,7 +114,7 @@ class LocalInner(InnerStore):
                 version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
                 if expected is not None and version != expected:
                     return STALE, version
-                if isinstance(byte_range, RangeByteRequest):  # a chunk, located by an index
+                if isinstance(byte_range, RangeByteRequest):
                     stop = min(byte_range.end, stat.st_size)
                     return os.pread(fd, max(stop - byte_range.start, 0), byte_range.start), version
                 if isinstance(byte_range, OffsetByteRequest):
@@ -228,11 +231,11 @@ class LocalInner(InnerStore):
             return await asyncio.to_thread(self._append, self._path(key), build)
 
     def _append(self, path: Path, build: AppendBuilder) -> bool:
-        """Append under the shard's file lock (writers take turns with rewrites too) and
-        an exclusive ``flock`` on the shard itself (index readers take a shared one).
-        While bytes are being appended a journal names the file and its committed
-        size; one a crash left behind for this file cuts it back to that size, so the
-        committed index is the last bytes again (see :func:`committed_size`)."""
+        """Append under the object's file lock (writers take turns with rewrites too)
+        and an exclusive ``flock`` on the object itself (whole and suffix readers take
+        a shared one). While bytes are being appended a journal names the file and its
+        committed size; one a crash left behind for this file cuts it back to that
+        size, so its last committed bytes are its tail again (see :func:`committed_size`)."""
         with file_lock(path):
             try:
                 f = open(path, "r+b")  # noqa: SIM115  (closed below, after the lock)

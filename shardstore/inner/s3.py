@@ -70,7 +70,8 @@ async def _bounded(reads: Iterable[Awaitable[T]]) -> list[T]:
 
 
 class S3Inner(FsspecInner):
-    """S3 through s3fs, with conditional writes and version-checked range reads."""
+    """The S3 bucket path ``root`` through the s3fs file system ``fs``, with
+    conditional writes and version-checked range reads."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)

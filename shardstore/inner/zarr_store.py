@@ -80,7 +80,7 @@ def _innermost(store: Store) -> Store:
 
 
 class MappingInner(InnerStore):
-    """A plain ``MutableMapping[str, bytes]`` (a dict, a zarr v2 style store, ...)."""
+    """A plain ``mapping`` of str to bytes (a dict, a zarr v2 style store, ...)."""
 
     def __init__(self, mapping: MutableMapping[str, Any]) -> None:
         self.mapping = mapping

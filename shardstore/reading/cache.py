@@ -68,6 +68,9 @@ IndexEntry = tuple[ShardIndex, Hashable]
 
 
 class IndexCache(LruCache[IndexEntry]):
+    """Shard indices (with the version read with them), least recently used out
+    past ``max_bytes``."""
+
     def __init__(self, max_bytes: int) -> None:
         super().__init__(max_bytes, lambda entry: entry[0].nbytes)
 
@@ -92,5 +95,8 @@ class ShardSnapshot:
 
 
 class ShardCache(LruCache[ShardSnapshot]):
+    """Whole shards (with their parsed index), least recently used out past
+    ``max_bytes``."""
+
     def __init__(self, max_bytes: int) -> None:
         super().__init__(max_bytes, lambda snapshot: snapshot.nbytes)

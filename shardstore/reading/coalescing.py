@@ -33,6 +33,9 @@ class _Batch:
 
 
 class ReadCoalescer:
+    """Gathers the ``get()`` calls of one event-loop turn into one call of
+    ``fetch(prototype, requests)`` (per loop and buffer prototype)."""
+
     def __init__(self, fetch: Fetch) -> None:
         self._fetch = fetch
         self._lock = threading.Lock()

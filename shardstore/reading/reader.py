@@ -94,6 +94,9 @@ _CHANGES = 65536
 
 
 class ShardReader:
+    """Chunk reads from the shards in ``inner``, through the index cache ``indices``
+    and the shard cache ``shards``, as ``policy`` (a resolved ReadPolicy) says."""
+
     def __init__(
         self, inner: InnerStore, indices: IndexCache, shards: ShardCache, policy: ReadPolicy
     ) -> None:

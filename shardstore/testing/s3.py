@@ -35,6 +35,8 @@ def _free_port() -> int:
 
 @dataclass
 class LocalS3:
+    """A moto S3 server on 127.0.0.1 with a bucket, and its request counts."""
+
     endpoint_url: str
     bucket: str
     counts: collections.Counter[str] = field(default_factory=collections.Counter)

@@ -39,6 +39,10 @@ class Held(Generic[T]):
 
 
 class WriteBuffer(Generic[T]):
+    """The updates of one ``batch()`` block, per shard: a shard is due for commit
+    once ``ready(target, updates)`` says its updates cover it, or, past
+    ``max_bytes`` held, the fullest shards are."""
+
     def __init__(self, max_bytes: int, ready: Callable[[T, ShardUpdates], bool]) -> None:
         self.max_bytes = max_bytes
         self._ready = ready

@@ -69,7 +69,8 @@ class CommitQueue(Generic[T]):
 
     ``commit(key, target, updates)`` writes one shard; ``ready(target, updates)``
     says a batch cannot usefully grow (it covers the shard); ``slots()`` is how
-    many writers a caller may have in flight at once.
+    many writers a caller may have in flight at once; a batch that starts while
+    others are about lingers up to ``linger_s`` for more updates (see above).
     """
 
     def __init__(

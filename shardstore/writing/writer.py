@@ -80,7 +80,8 @@ R = TypeVar("R")
 
 
 class BatchScope(Generic[R]):
-    """``with store.batch():`` / ``async with store.batch():``."""
+    """``with store.batch():`` / ``async with store.batch():``: ``writer`` buffers
+    up to ``max_bytes`` until the block ends; entering gives ``result``."""
 
     def __init__(self, writer: ShardWriter, max_bytes: int, result: R) -> None:
         self._writer = writer
