@@ -46,6 +46,7 @@ __all__ = [
     "decode_minishard_index",
     "decode_shard_index",
     "locate_ids",
+    "minishard_index_range",
     "murmurhash3_x86_128_64",
     "parse_shard",
     "shard_file_name",
@@ -507,6 +508,22 @@ def decode_shard_index(sharding: PrecomputedSharding, raw: bytes, key: str) -> n
     if found:
         raise ShardFormatError(f"shard {key!r}: {found[0]}")
     return table
+
+
+def minishard_index_range(sharding: PrecomputedSharding, entry: bytes, minishard: int, key: str) -> range:
+    """Where in the shard file the minishard index of ``minishard`` lies, from its
+    16-byte shard index entry (an empty range: an empty minishard)."""
+    if len(entry) != 16:
+        raise ShardFormatError(
+            f"shard {key!r}: shard index entry {minishard} is cut short ({len(entry)} bytes)"
+        )
+    start, end = (int(v) for v in np.frombuffer(entry, dtype=_U64))
+    if end < start or end >= _IMPOSSIBLE:
+        raise ShardFormatError(
+            f"shard {key!r}: shard index entry {minishard} is [{start}, {end}): impossible"
+        )
+    base = sharding.shard_index_nbytes
+    return range(base + start, base + end)
 
 
 def decode_minishard_index(sharding: PrecomputedSharding, raw: bytes, key: str) -> npt.NDArray[np.uint64]:

@@ -1,0 +1,343 @@
+"""PrecomputedShardedStore: a neuroglancer precomputed sharded directory as a
+``MutableMapping[int, bytes]`` keyed by uint64 chunk ids.
+
+Reads are batched per round, all shards at once: the shard index entries of
+the minishards asked for, then those minishard indices, then the chunk data
+(three rounds cold, one once the minishard indices are cached). Later rounds
+are read at the version the first saw (local files by ``stat``, S3 by
+``If-Match``), so a shard replaced in between is read again, never mixed.
+In-memory stores, which cannot check versions, are read a whole shard at a
+time. The format cannot update a chunk in place: a write rebuilds each
+affected shard once, through :meth:`InnerStore.update`, under the same locks
+and conditional writes as the indexed format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+from zarr.abc.store import RangeByteRequest
+from zarr.core.sync import sync
+
+from shardstore.errors import ChunkKeyError, ShardConflictError
+from shardstore.formats.precomputed import (
+    PrecomputedSharding,
+    decode_chunk,
+    decode_minishard_index,
+    locate_ids,
+    minishard_index_range,
+    shard_file_name,
+    shard_number_of_name,
+    split_shard,
+)
+from shardstore.inner import STALE, InnerStore, adapt
+from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
+from shardstore.reading.reader import STALE_READS
+
+__all__ = ["PrecomputedShardedStore"]
+
+Minishard = dict[int, tuple[int, int]]
+"""A decoded minishard index: chunk id -> (offset in the shard file, stored nbytes)."""
+_MINISHARDS_CACHED = 4096
+"""Minishard indices remembered (least recently used out)."""
+
+
+def _chunk_id(key: Any) -> int:
+    if isinstance(key, bool) or not isinstance(key, int | np.integer) or not 0 <= int(key) < 2**64:
+        raise ChunkKeyError(f"{key!r} is not a chunk id: ids are integers in [0, 2**64)")
+    return int(key)
+
+
+class PrecomputedShardedStore(MutableMapping[int, bytes]):
+    """The chunks of a neuroglancer precomputed sharded directory, by uint64 id.
+
+    ``inner`` is anything :class:`~shardstore.ShardingStore` accepts (a path, URL
+    with ``storage_options``, fsspec mapper, zarr store or mapping): the directory
+    holding the ``<shard>.shard`` files. ``sharding`` is the format's JSON
+    ``"sharding"`` object (or a :class:`PrecomputedSharding`). Values are the
+    chunks' raw bytes (``data_encoding`` is applied and undone here). Minishard
+    indices are cached for ``cache_max_age`` seconds where a read cannot check
+    them for free (local files check each use by ``stat``); a write through this
+    store drops what it cached of the shards it wrote. A write tries
+    ``write_attempts`` conditional writes against other writers. A ``read_only``
+    store refuses writes.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        sharding: Mapping[str, Any] | PrecomputedSharding,
+        *,
+        read_only: bool = False,
+        cache_max_age: float = 1.0,
+        write_attempts: int = DEFAULT_ATTEMPTS,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.sharding = (
+            sharding
+            if isinstance(sharding, PrecomputedSharding)
+            else PrecomputedSharding.from_json(sharding, "sharding")
+        )
+        self.read_only = read_only
+        self._inner: InnerStore = adapt(inner, storage_options)
+        self._max_age = cache_max_age
+        self._attempts = write_attempts
+        can = self._inner.capabilities
+        self._whole_shards = not (can.versioned_ranges or can.remote)  # in memory: one snapshot
+        self._minishards: OrderedDict[tuple[str, int], tuple[Minishard, Hashable | None, float]] = (
+            OrderedDict()
+        )
+
+    def __repr__(self) -> str:
+        return f"PrecomputedShardedStore({self._inner!r}, {self.sharding.to_json()!r})"
+
+    @property
+    def raw(self) -> InnerStore:
+        """The inner store: shard files by name."""
+        return self._inner
+
+    def shard_key(self, chunk_id: int) -> str:
+        shards, _ = locate_ids(self.sharding, np.array([_chunk_id(chunk_id)], dtype=np.uint64))
+        return shard_file_name(self.sharding, int(shards[0]))
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def get_many(self, ids: Iterable[int]) -> list[bytes | None]:
+        """The chunks' raw bytes (None: absent), every shard in the same rounds."""
+        wanted = np.array([_chunk_id(i) for i in ids], dtype=np.uint64)
+        if not len(wanted):
+            return []
+        shards, minishards = locate_ids(self.sharding, wanted)
+        keys = [shard_file_name(self.sharding, int(s)) for s in shards]
+        if self._whole_shards:
+            return await self._get_from_whole_shards(wanted, keys)
+        stored = await self._locate_and_read(wanted, keys, [int(m) for m in minishards])
+        return [
+            None if raw is None else decode_chunk(self.sharding, raw, key)
+            for raw, key in zip(stored, keys, strict=True)
+        ]
+
+    async def _get_from_whole_shards(self, ids: np.ndarray, keys: list[str]) -> list[bytes | None]:
+        distinct = sorted(set(keys))
+        with failure("read", distinct[0]):
+            blobs = await self._inner.get_many([(k, None) for k in distinct])
+        chunks = {
+            k: {} if blob is None else split_shard(self.sharding, blob, k)
+            for k, blob in zip(distinct, blobs, strict=True)
+        }
+        return [chunks[k].get(int(i)) for i, k in zip(ids, keys, strict=True)]
+
+    async def _locate_and_read(
+        self, ids: np.ndarray, keys: list[str], minishards: list[int]
+    ) -> list[bytes | None]:
+        """Stored bytes of each chunk: minishard indices (cached or read, all shards in
+        two rounds), then the data ranges at the version those were read at."""
+        for _ in range(STALE_READS):
+            found = await self._minishard_indices(set(zip(keys, minishards, strict=True)))
+            todo = [
+                (slot, key, where, found[(key, m)][1])
+                for slot, (chunk_id, key, m) in enumerate(zip(ids.tolist(), keys, minishards, strict=True))
+                if (where := found[(key, m)][0].get(chunk_id)) is not None
+            ]
+            values = [
+                value
+                for value, _ in await self._versioned(
+                    [(key, RangeByteRequest(off, off + n)) for _, key, (off, n), _ in todo],
+                    [version for *_, version in todo],
+                )
+            ]
+            if all(value is not STALE for value in values):
+                out: list[bytes | None] = [None] * len(ids)
+                for (slot, key, (_, nbytes), _), value in zip(todo, values, strict=True):
+                    if value is None or len(value) != nbytes:
+                        self._forget(key)
+                        break  # replaced (or cut short) since: read it all again
+                    out[slot] = value
+                else:
+                    return out
+            for _, key, _, _ in todo:
+                self._forget(key)
+        raise ShardConflictError(
+            f"shard(s) {', '.join(sorted(set(map(repr, keys))))} changed under each of {STALE_READS} "
+            "attempts to read chunks of them (other writers are rewriting them); try again"
+        )
+
+    async def _minishard_indices(
+        self, wanted: set[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[Minishard, Hashable | None]]:
+        found: dict[tuple[str, int], tuple[Minishard, Hashable | None]] = {}
+        missing = []
+        for where in sorted(wanted):
+            cached = self._cached(where)
+            if cached is None:
+                missing.append(where)
+            else:
+                found[where] = cached
+        if not missing:
+            return found
+        sent = time.monotonic()
+        entries = await self._versioned(
+            [(key, RangeByteRequest(16 * m, 16 * m + 16)) for key, m in missing], [None] * len(missing)
+        )
+        ranges: list[tuple[tuple[str, int], range, Hashable | None]] = []
+        for (key, m), (entry, version) in zip(missing, entries, strict=True):
+            place = None if entry is None else minishard_index_range(self.sharding, entry, m, key)
+            if place is None or not len(place):
+                found[(key, m)] = ({}, version)  # no shard, or an empty minishard
+            else:
+                ranges.append(((key, m), place, version))
+        raws = [
+            raw
+            for raw, _ in await self._versioned(
+                [(key, RangeByteRequest(p.start, p.stop)) for (key, _), p, _ in ranges],
+                [version for *_, version in ranges],
+            )
+        ]
+        for ((key, m), place, version), raw in zip(ranges, raws, strict=True):
+            if raw is STALE or raw is None or len(raw) != len(place):
+                found[(key, m)] = ({}, _RETRY)
+                continue
+            rows = decode_minishard_index(self.sharding, raw, key)
+            table = {int(i): (int(o), int(n)) for i, o, n in rows.tolist()}
+            found[(key, m)] = (table, version)
+            self._remember((key, m), table, version, sent)
+        if any(version is _RETRY for _, version in found.values()):
+            for key, _ in wanted:
+                self._forget(key)
+            return await self._minishard_indices(wanted)
+        return found
+
+    async def _versioned(
+        self, requests: list[tuple[str, RangeByteRequest]], expected: list[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        """Range reads with the versions read, each refused (STALE) if its object is
+        no longer at the version expected."""
+        if not requests:
+            return []
+        with failure("read", requests[0][0]):
+            return list(await self._inner.get_many_versioned(requests, expected))
+
+    # -- the minishard index cache -------------------------------------------------
+
+    def _cached(self, where: tuple[str, int]) -> tuple[Minishard, Hashable | None] | None:
+        entry = self._minishards.get(where)
+        if entry is None:
+            return None
+        table, version, fetched = entry
+        if self._inner.capabilities.versions:
+            fresh = self._inner.version(where[0]) == version
+        else:
+            fresh = time.monotonic() - fetched <= self._max_age
+        if not fresh:
+            del self._minishards[where]
+            return None
+        self._minishards.move_to_end(where)
+        return table, version
+
+    def _remember(
+        self, where: tuple[str, int], table: Minishard, version: Hashable | None, sent: float
+    ) -> None:
+        if version is None and self._inner.capabilities.versions:
+            return  # read while a crashed append's tail was there: do not trust it
+        self._minishards[where] = (table, version, sent)
+        if len(self._minishards) > _MINISHARDS_CACHED:
+            self._minishards.popitem(last=False)
+
+    def _forget(self, shard_key: str) -> None:
+        for where in [w for w in self._minishards if w[0] == shard_key]:
+            del self._minishards[where]
+
+    # -- writes --------------------------------------------------------------------
+
+    async def update_many(self, chunks: Mapping[int, bytes | None]) -> None:
+        """Write (None: delete) chunks, each affected shard rebuilt once, all
+        concurrently; a shard left empty is deleted."""
+        if self.read_only:
+            raise ValueError("store is read-only")
+        by_shard: dict[str, dict[int, bytes | None]] = {}
+        for chunk_id, value in chunks.items():
+            key = self.shard_key(chunk_id)
+            if value is not None and not isinstance(value, bytes | bytearray | memoryview):
+                raise TypeError(f"chunk {chunk_id}: values are bytes, not {type(value).__name__}")
+            by_shard.setdefault(key, {})[int(chunk_id)] = None if value is None else bytes(value)
+        await asyncio.gather(*(self._rewrite(key, changes) for key, changes in by_shard.items()))
+
+    async def _rewrite(self, key: str, changes: dict[int, bytes | None]) -> None:
+        def change(old: bytes | None) -> bytes | None:
+            chunks = {} if old is None else split_shard(self.sharding, old, key)
+            for chunk_id, value in changes.items():
+                if value is None:
+                    chunks.pop(chunk_id, None)
+                else:
+                    chunks[chunk_id] = value
+            return self.sharding.build(chunks) if chunks else None
+
+        try:
+            with failure("commit", key):
+                await self._inner.update(key, change, attempts=self._attempts)
+        finally:
+            self._forget(key)
+
+    # -- listing -------------------------------------------------------------------
+
+    async def shard_keys(self) -> list[str]:
+        """The shard files present (other files in the directory are not ours)."""
+        return sorted(
+            [k async for k in self._inner.list_dir("") if shard_number_of_name(self.sharding, k) is not None]
+        )
+
+    async def ids(self) -> list[int]:
+        """Every chunk id present, in ascending order (reads every minishard index)."""
+        keys = await self.shard_keys()
+        everything = {(k, m) for k in keys for m in range(self.sharding.num_minishards)}
+        if self._whole_shards:
+            blobs = await self._inner.get_many([(k, None) for k in keys])
+            return sorted(
+                i for k, b in zip(keys, blobs, strict=True) if b for i in split_shard(self.sharding, b, k)
+            )
+        found = await self._minishard_indices(everything)
+        return sorted(i for table, _ in found.values() for i in table)
+
+    # -- MutableMapping --------------------------------------------------------------
+
+    def __getitem__(self, chunk_id: int) -> bytes:
+        value = sync(self.get_many([chunk_id]))[0]
+        if value is None:
+            raise KeyError(chunk_id)
+        return value
+
+    def __setitem__(self, chunk_id: int, value: bytes) -> None:
+        sync(self.update_many({chunk_id: value}))
+
+    def __delitem__(self, chunk_id: int) -> None:
+        if chunk_id not in self:
+            raise KeyError(chunk_id)
+        sync(self.update_many({chunk_id: None}))
+
+    def __contains__(self, chunk_id: object) -> bool:
+        try:
+            return sync(self.get_many([chunk_id]))[0] is not None  # type: ignore[list-item]
+        except ChunkKeyError:
+            return False
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sync(self.ids()))
+
+    def __len__(self) -> int:
+        return len(sync(self.ids()))
+
+    def update(self, other: Any = (), /, **kwargs: bytes) -> None:
+        """Write many chunks, each affected shard once (MutableMapping.update would
+        rebuild a shard per chunk)."""
+        if kwargs:
+            raise TypeError("chunk ids are integers: pass a mapping or pairs")
+        sync(self.update_many(dict(other)))
+
+
+_RETRY: Hashable = object()
+"""A minishard index read that met a replaced shard: read it again."""
