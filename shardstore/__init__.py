@@ -7,6 +7,13 @@ unmodified zarr arrays write many chunks into each shard object.
 from shardstore import errors
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.precomputed_store import PrecomputedShardedStore
+from shardstore.precomputed_volume import PrecomputedScale, PrecomputedVolume
 from shardstore.store import ShardingStore
 
-__all__ = ["PrecomputedShardedStore", "ShardingStore", *errors.__all__]
+__all__ = [
+    "PrecomputedScale",
+    "PrecomputedShardedStore",
+    "PrecomputedVolume",
+    "ShardingStore",
+    *errors.__all__,
+]

@@ -114,6 +114,19 @@ class ArrayCatalog:
                 return info
         return None
 
+    async def array_for_shard_file(self, key: str) -> ArrayInfo | None:
+        """The array sharded by chunk ids (``<chunk prefix><hex>.shard`` files) that
+        ``key`` is a shard file of, if any: such keys are no chunk keys."""
+        directory = key.rpartition("/")[0]
+        candidates = [directory]
+        if directory == "c" or directory.endswith("/c"):
+            candidates.insert(0, directory[:-2].rstrip("/"))
+        for path in candidates:
+            info = await self.lookup(path)
+            if info is not None and info.shard_format is not None and key.startswith(info.chunk_prefix):
+                return info
+        return None
+
     async def sharded_array_around(self, prefix: str) -> ArrayInfo | None:
         """The sharded array whose directory holds or is ``prefix``, if any."""
         parts = prefix.split("/")[:-1] if prefix else []

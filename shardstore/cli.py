@@ -2,6 +2,11 @@
 
 Stores are given as fsspec URLs (``file:///data/x.zarr``, ``s3://bucket/x.zarr``);
 ``--storage-options`` takes a JSON object for the file system.
+
+``ls``, ``info`` and ``verify`` also read the neuroglancer precomputed sharded
+format: a precomputed volume (an ``info`` file listing its scales), a sharded
+mesh or skeleton directory (an ``info`` file with a ``sharding``), or a directory
+of ``.shard`` files with ``--sharding '<json>'`` (or ``--sharding @file.json``).
 """
 
 from __future__ import annotations
@@ -28,12 +33,27 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _sharding_json(text: str) -> dict[str, Any]:
+    """``--sharding``: a JSON object, or ``@file`` holding one."""
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]!r}: {exc}") from None
+    return _json_object(text)
+
+
 _ROOT_DOCUMENTS = ("zarr.json", ".zgroup", ".zarray")
 
 
-def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
-    """The store at ``args.url``, which must hold a zarr hierarchy (a root node, as
-    ``zarr.open`` needs): a wrong path is an error, never an empty report."""
+def _no_zarr(url: str) -> str:
+    return f"no zarr hierarchy at {url!r} (no {', '.join(_ROOT_DOCUMENTS)} at its root)"
+
+
+def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The store at ``args.url`` if it holds a zarr hierarchy (a root node, as
+    ``zarr.open`` needs), else None."""
     from zarr.core.sync import sync
 
     from shardstore.store import ShardingStore
@@ -43,11 +63,43 @@ def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
     async def root_found() -> bool:
         return any(await asyncio.gather(*(store.exists(name) for name in _ROOT_DOCUMENTS)))
 
-    if not sync(root_found()):
-        raise ShardStoreError(
-            f"no zarr hierarchy at {args.url!r} (no {', '.join(_ROOT_DOCUMENTS)} at its root)"
-        )
+    return store if sync(root_found()) else None
+
+
+def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
+    """The store at ``args.url``, which must hold a zarr hierarchy: a wrong path is an
+    error, never an empty report."""
+    store = _zarr_store(args, **kwargs)
+    if store is None:
+        raise ShardStoreError(_no_zarr(args.url))
     return store
+
+
+def _location(args: argparse.Namespace) -> Any:
+    """What ``ls``, ``info`` and ``verify`` look at: with ``--sharding``, the directory of
+    neuroglancer precomputed shard files at ``args.url``; else the zarr hierarchy there
+    (opened read-only), or failing that the neuroglancer precomputed data its ``info``
+    file describes (a :class:`~shardstore.maintenance.PrecomputedLocation`)."""
+    from shardstore.maintenance import find_precomputed
+
+    if args.sharding is not None:
+        return find_precomputed(args.url, args.storage_options, args.sharding)
+    store = _zarr_store(args, read_only=True)
+    if store is not None:
+        return store
+    found = find_precomputed(args.url, args.storage_options)
+    if found is None:
+        raise ShardStoreError(
+            f"{_no_zarr(args.url)}, nor neuroglancer precomputed data (no 'info' file listing scales or "
+            "giving a sharding; for a directory of .shard files pass --sharding)"
+        )
+    return found
+
+
+def _precomputed(location: Any) -> bool:
+    from shardstore.maintenance import PrecomputedLocation
+
+    return isinstance(location, PrecomputedLocation)
 
 
 def _warn_damaged(damaged: dict[str, str], consequence: str) -> int:
@@ -60,9 +112,13 @@ def _warn_damaged(damaged: dict[str, str], consequence: str) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import list_keys
+    from shardstore.maintenance import list_keys, precomputed_keys
 
-    keys, damaged = list_keys(_store(args, read_only=True), args.prefix)
+    location = _location(args)
+    if _precomputed(location):
+        keys, damaged = precomputed_keys(location, args.prefix)
+    else:
+        keys, damaged = list_keys(location, args.prefix)
     for key in keys:
         print(key)
     return _warn_damaged(damaged, "its chunks are not listed")
@@ -71,7 +127,10 @@ def _ls(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from shardstore.maintenance import info
 
-    reports = info(_store(args, read_only=True), args.prefix)
+    location = _location(args)
+    if _precomputed(location):
+        return _precomputed_info(args, location)
+    reports = info(location, args.prefix)
     damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
@@ -89,6 +148,33 @@ def _info(args: argparse.Namespace) -> int:
     return _warn_damaged(damaged, "its chunks and dead bytes are not counted")
 
 
+def _sharding_text(sharding: dict[str, Any]) -> str:
+    return ", ".join(f"{name} {value}" if name != "@type" else str(value) for name, value in sharding.items())
+
+
+def _precomputed_info(args: argparse.Namespace, location: Any) -> int:
+    """``info`` of neuroglancer precomputed data: per scale (or the one directory of
+    shards) its sharding, shard files, chunk ids present and bytes."""
+    from shardstore.maintenance import precomputed_info
+
+    reports = precomputed_info(location, args.prefix)
+    damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+        return _warn_damaged(damaged, "its chunks are not counted")
+    for r in reports:
+        what = f"scale {r.path}" if location.volume else f"shards at {location.url}"
+        print(f"{what}: {_sharding_text(r.sharding) if r.sharding else 'unsharded'}")
+        chunks = f"{r.chunks:,}" + (f"/{r.grid_chunks:,}" if r.grid_chunks else "")
+        fill = "" if r.fill_ratio is None else f" ({r.fill_ratio:.1%})"
+        files = f"{r.shards:,} shard files, {chunks} chunks" if r.sharded else f"{chunks} chunk files"
+        print(
+            f"  {files}{fill}, {r.stored_bytes:,} bytes"
+            + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
+        )
+    return _warn_damaged(damaged, "its chunks are not counted")
+
+
 def _progress(what: str, done: int, total: int) -> None:
     if not sys.stderr.isatty():  # a log wants the outcome, not a counter
         return
@@ -101,13 +187,18 @@ def _progress(what: str, done: int, total: int) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import leftovers, verify
+    from shardstore.maintenance import leftovers, precomputed_leftovers, verify, verify_precomputed
 
-    store = _store(args, read_only=True)
-    damaged = verify(store, args.prefix, decode=args.decode, progress=_progress)
+    location = _location(args)
+    if _precomputed(location):  # every shard file read whole: gzip chunk data always decoded
+        damaged = verify_precomputed(location, args.prefix, progress=_progress)
+        found = precomputed_leftovers(location, args.prefix)
+    else:
+        damaged = verify(location, args.prefix, decode=args.decode, progress=_progress)
+        found = leftovers(location, args.prefix)
     for key, problem in sorted(damaged.items()):
         print(f"DAMAGED {key}: {problem}")
-    for key, what in sorted(leftovers(store, args.prefix).items()):
+    for key, what in sorted(found.items()):
         print(f"LEFTOVER {key}: {what}")
     print(f"{len(damaged)} damaged object(s)" if damaged else "all shards intact", file=sys.stderr)
     return 1 if damaged else 0
@@ -183,7 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         if name == "info":
             cmd.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "verify":
-            cmd.add_argument("--decode", action="store_true", help="also decode every chunk through zarr")
+            cmd.add_argument(
+                "--decode",
+                action="store_true",
+                help="also decode every chunk through zarr (neuroglancer precomputed shards: "
+                "gzip chunk data is always decoded)",
+            )
+        if name in ("ls", "info", "verify"):
+            cmd.add_argument(
+                "--sharding",
+                type=_sharding_json,
+                help="URL is a directory of neuroglancer precomputed .shard files with this "
+                "neuroglancer_uint64_sharded_v1 sharding: a JSON object, or @FILE holding one "
+                "(a precomputed volume is recognised by its 'info' file without it)",
+            )
         if name == "layout":
             cmd.add_argument("--to", required=True, choices=["transformer", "codec"])
     conv = sub.add_parser("convert", help="copy a hierarchy, re-sharded or un-sharded, chunk bytes unchanged")

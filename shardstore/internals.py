@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from shardstore.addressing import ShardAddress
 from shardstore.catalog import ArrayCatalog
-from shardstore.formats.indexed import ShardIndex
+from shardstore.formats.base import ChunkTable
+from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore
 from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
@@ -39,7 +40,7 @@ class StoreInternals:
         under it (which pass through); a batch open on the store is committed first."""
         return await self._lister.scan(prefix)
 
-    async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
+    async def read_indices(self, shards: list[ShardAddress]) -> list[ChunkTable | None]:
         """The shards' indices, read afresh in one batch (None: no such shard)."""
         return await self._reader.read_indices(shards)
 
@@ -70,14 +71,16 @@ class StoreInternals:
         self, path: str, shape: tuple[int, ...], dtype: str = "float64"
     ) -> tuple[int, ...] | None:
         """Chunks per shard of the array at ``path``: as recorded if it exists, else as
-        the store's config would shard a new array of that shape (None: unsharded)."""
+        the store's config would shard a new array of that shape (None: unsharded, or
+        sharded by chunk ids, where no block of the grid makes a shard)."""
         path = path.strip("/")
         info = await self._catalog.lookup(path)
         if info is not None:
-            return None if info.shard_format is None else info.shard_format.chunks_per_shard
-        doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
-        fmt = self._policy.format_for(path, doc, len(shape))
-        return None if fmt is None else fmt.chunks_per_shard
+            fmt = info.shard_format
+        else:
+            doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
+            fmt = self._policy.format_for(path, doc, len(shape))
+        return fmt.chunks_per_shard if isinstance(fmt, IndexedFormat) else None
 
     def cache_usage(self) -> dict[str, tuple[int, int]]:
         """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""

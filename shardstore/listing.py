@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.addressing import ChunkAddress, ShardAddress, shard_at
 from shardstore.catalog import ArrayCatalog
+from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.inner import InnerStore
 from shardstore.reading.reader import ShardReader
 
@@ -15,6 +16,12 @@ __all__ = ["ShardLister", "as_dir"]
 
 _INDEX_BATCH = 512
 """Shard indices read per inner batch while listing."""
+
+
+def _nbytes(table: ChunkTable, chunk: int) -> int:
+    where = table_entry(table, chunk)
+    assert where is not None  # listed as present
+    return where[1]
 
 
 def as_dir(prefix: str) -> str:
@@ -51,9 +58,11 @@ class ShardLister:
         plain: list[str] = []
         async for key in self._inner.list_prefix(inner_prefix):
             info = await self._catalog.array_for_key(key)
-            coords = info.coords(key) if info is not None and info.shard_format is not None else None
-            if info is not None and coords is not None:
-                shards.append(ShardAddress(info, key, coords))
+            if info is None and key.endswith(".shard"):
+                info = await self._catalog.array_for_shard_file(key)
+            shard = None if info is None else shard_at(info, key)
+            if shard is not None:
+                shards.append(shard)
             elif key.startswith(prefix):
                 plain.append(key)
         return shards, plain
@@ -69,7 +78,7 @@ class ShardLister:
                     continue
                 for pos, key in shard.present_keys(index):
                     if key.startswith(prefix):
-                        yield ChunkAddress(key, shard, pos), int(index[pos, 1])
+                        yield ChunkAddress(key, shard, pos), _nbytes(index, pos)
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         shards, plain = await self.scan(prefix)

@@ -27,7 +27,9 @@ from shardstore.codec_form import (
     to_plain_form,
 )
 from shardstore.errors import ShardingConfigError
+from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
+from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.keys import ChunkKeyGrammar, join_path
 
 __all__ = [
@@ -60,8 +62,10 @@ numcodecs ``codec not available`` (v2) wherever it parses the array's metadata."
 _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
 
 Layout: TypeAlias = Literal["transformer", "codec"]
+ShardingChoice: TypeAlias = Sequence[int] | ShardFormat
+"""Chunks per shard (the indexed format), or a shard format itself."""
 ChunksPerShard: TypeAlias = (
-    Sequence[int] | Mapping[str, Sequence[int]] | Callable[[str, Document], Sequence[int] | None] | None
+    ShardingChoice | Mapping[str, ShardingChoice] | Callable[[str, Document], ShardingChoice | None] | None
 )
 
 
@@ -103,13 +107,15 @@ def _is_our_entry(entry: Any) -> bool:
     )
 
 
-def _format_from_entry(path: str, entry: Document, ndim: int) -> IndexedFormat:
+def _format_from_entry(path: str, entry: Document, ndim: int) -> ShardFormat:
     """Read our entry in its own form or the ZEP 2 draft's (type beside configuration)."""
     where = f"array {path or '/'!r}"
     config = entry.get("configuration")
     if not isinstance(config, dict):
         raise ShardingConfigError(f"{where}: sharding transformer has no configuration object")
     kind = config.get("type", entry.get("type", IndexedFormat.type_name))
+    if kind == PrecomputedSharding.type_name:
+        return check_zarr_view(path, PrecomputedSharding.from_config(config, where))
     if kind != IndexedFormat.type_name:
         raise ShardingConfigError(f"{where}: unsupported shard format type {kind!r}")
     if "chunks_per_shard" not in config:
@@ -117,7 +123,18 @@ def _format_from_entry(path: str, entry: Document, ndim: int) -> IndexedFormat:
     return check_rank(path, IndexedFormat.from_config(config, where), ndim)
 
 
-def transformer_entry(fmt: IndexedFormat) -> Document:
+def check_zarr_view(path: str, fmt: PrecomputedSharding) -> PrecomputedSharding:
+    """``fmt`` if it can hold a zarr array's chunks: zarr's codecs encode them, so the
+    format stores them as they are (``data_encoding: "raw"``)."""
+    if fmt.data_encoding != "raw":
+        raise ShardingConfigError(
+            f"array {path or '/'!r}: a zarr array in the {fmt.type_name} format needs "
+            f'data_encoding "raw" (zarr\'s codecs compress its chunks), not {fmt.data_encoding!r}'
+        )
+    return fmt
+
+
+def transformer_entry(fmt: ShardFormat) -> Document:
     """Our transformer entry: the format's own configuration."""
     return {"name": TRANSFORMER_NAME, "configuration": fmt.to_config()}
 
@@ -130,7 +147,7 @@ class ArrayInfo:
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     grammar: ChunkKeyGrammar
-    shard_format: IndexedFormat | None
+    shard_format: ShardFormat | None
     codec_sharded: bool = False
     """A ``sharding_indexed`` array passed through untouched: zarr shards it itself
     (it created it through this store), or its inner chunks cannot be served."""
@@ -144,7 +161,7 @@ class ArrayInfo:
     @property
     def nominal_shard_nbytes(self) -> int | None:
         """A full shard's size before compression, where the data type tells it."""
-        if self.itemsize is None or self.shard_format is None:
+        if self.itemsize is None or not isinstance(self.shard_format, IndexedFormat):
             return None
         return math.prod(self.chunks) * self.shard_format.n_chunks * self.itemsize
 
@@ -330,12 +347,16 @@ def _remove_marker(doc: Document) -> None:
         doc[key] = rest if rest or key == "codecs" else None  # no v2 filters is null
 
 
-def inject_sharding(doc: Document, fmt: IndexedFormat, form: Layout = "transformer") -> None:
+def inject_sharding(doc: Document, fmt: ShardFormat, form: Layout = "transformer") -> None:
     """Record ``fmt`` in a plain array document in place, replacing any earlier
     entry: as our transformer entry plus the marker, or (``form="codec"``, zarr v3
     only) as standard ``sharding_indexed`` metadata, which plain readers are meant
     to read (no marker)."""
     if form == "codec":
+        if not isinstance(fmt, IndexedFormat):
+            raise ShardingConfigError(
+                f"layout 'codec' describes only the indexed shard format, not {fmt.type_name!r}"
+            )
         sharded = to_codec_form(doc, fmt)
         doc.clear()
         doc.update(sharded)
@@ -378,14 +399,15 @@ class ShardingPolicy:
         cps = self.chunks_per_shard
         ok = (
             cps is None
+            or isinstance(cps, ShardFormat)
             or callable(cps)
             or isinstance(cps, Mapping)
             or (isinstance(cps, Sequence) and not isinstance(cps, str | bytes))
         )
         if not ok:
             raise ShardingConfigError(
-                f"chunks_per_shard must be a sequence of ints, a mapping from array path to one, "
-                f"a callable or None, not {type(cps).__name__}"
+                f"chunks_per_shard must be a sequence of ints, a shard format, a mapping from array "
+                f"path to either, a callable or None, not {type(cps).__name__}"
             )
         if self.index_location not in ("start", "end"):
             raise ShardingConfigError(f"index_location must be 'start' or 'end', not {self.index_location!r}")
@@ -397,11 +419,13 @@ class ShardingPolicy:
         cps = self.chunks_per_shard
         return isinstance(cps, Mapping) and any(k.strip("/") == path for k in cps)
 
-    def format_for(self, path: str, doc: Document, ndim: int) -> IndexedFormat | None:
+    def format_for(self, path: str, doc: Document, ndim: int) -> ShardFormat | None:
         cps = self.chunks_per_shard
         if cps is None:
             return None
-        if callable(cps):
+        if isinstance(cps, ShardFormat):
+            chosen: Any = cps
+        elif callable(cps):
             chosen = cps(path, doc)
         elif isinstance(cps, Mapping):
             chosen = next((v for k, v in cps.items() if k.strip("/") == path), None)
@@ -409,6 +433,8 @@ class ShardingPolicy:
             chosen = cps if len(cps) == ndim else None  # other ranks stay unsharded
         if chosen is None:
             return None
+        if isinstance(chosen, PrecomputedSharding):
+            return check_zarr_view(path, chosen)
         if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
             raise ShardingConfigError(f"array {path or '/'!r}: chunks_per_shard {chosen!r} is not a sequence")
         where = f"array {path or '/'!r}"

@@ -19,6 +19,7 @@ from zarr.abc.store import ByteRequest
 
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning
+from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore, slice_range
 from shardstore.keys import split_key
@@ -107,7 +108,7 @@ class MetadataGateway:
 
     async def _format_for_written(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[IndexedFormat, Layout] | None:
+    ) -> tuple[ShardFormat, Layout] | None:
         """How a plain array document zarr writes is to be sharded, and in which form."""
         if written.shard_format is not None:  # the writer recorded a config itself
             return written.shard_format, "transformer"
@@ -130,15 +131,15 @@ class MetadataGateway:
 
     def _new_format(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[IndexedFormat, Layout] | None:
-        layout = self._policy.format_for(path, doc, written.ndim)
-        if layout is None:
+    ) -> tuple[ShardFormat, Layout] | None:
+        fmt = self._policy.format_for(path, doc, written.ndim)
+        if fmt is None:
             return None
-        form = self._form
+        form: Layout = self._form if isinstance(fmt, IndexedFormat) else "transformer"
         if form == "codec" and name != V3_NAME:
             raise ShardingConfigError(
                 f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "
                 "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
                 "layout='transformer'"
             )
-        return layout, form
+        return fmt, form

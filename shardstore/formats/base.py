@@ -13,11 +13,25 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 from zarr.abc.store import ByteRequest
 
-__all__ = ["ShardFormat"]
+__all__ = ["ChunkTable", "ShardFormat", "table_entry"]
+
+ChunkTable: TypeAlias = npt.NDArray[np.uint64] | dict[int, tuple[int, int]]
+"""Where a shard's chunks lie: an ``(n, 2)`` index of ``(offset, nbytes)`` rows by
+position (absent rows all ``2**64 - 1``), or ``{chunk id: (offset, nbytes)}``."""
+
+
+def table_entry(table: ChunkTable, chunk: int) -> tuple[int, int] | None:
+    """``(offset, nbytes)`` of a chunk in a table, None where absent."""
+    if isinstance(table, dict):
+        return table.get(chunk)
+    offset, nbytes = (int(v) for v in table[chunk])
+    return None if offset == 2**64 - 1 else (offset, nbytes)
 
 
 class ShardFormat(ABC):
@@ -48,6 +62,11 @@ class ShardFormat(ABC):
     @abstractmethod
     def build(self, chunks: Mapping[int, bytes]) -> bytes:
         """One compact shard object holding ``chunks`` (chunk -> stored bytes)."""
+
+    @abstractmethod
+    def parse(self, blob: bytes, key: str) -> ChunkTable:
+        """Where each chunk's stored bytes lie in a whole shard object, after checking
+        it (ShardFormatError naming ``key``)."""
 
     @abstractmethod
     def split(self, blob: bytes, key: str) -> dict[int, bytes]:

@@ -47,6 +47,7 @@ __all__ = [
     "decode_shard_index",
     "locate_ids",
     "minishard_index_range",
+    "morton_positions",
     "murmurhash3_x86_128_64",
     "parse_shard",
     "shard_file_name",
@@ -171,10 +172,20 @@ class PrecomputedSharding(ShardFormat):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> PrecomputedSharding:
-        return cls.from_json(config, where)
+        """The sharding object, its ``@type`` spelled ``type`` as in a ZEP 2 storage
+        transformer configuration (``@type`` is accepted too)."""
+        obj = dict(config)
+        if "type" in obj:
+            obj.setdefault("@type", obj.pop("type"))
+        return cls.from_json(obj, where)
 
     def to_config(self) -> dict[str, Any]:
-        return self.to_json()
+        obj = self.to_json()
+        return {"type": obj.pop("@type"), **obj}
+
+    def parse(self, blob: bytes, key: str) -> dict[int, tuple[int, int]]:
+        """Where each chunk's stored bytes lie in a whole shard file, checked."""
+        return parse_shard(self, blob, key)
 
     def index_request(self) -> ByteRequest:
         """The shard index: the first-level index, at the start of every shard file."""
@@ -339,6 +350,23 @@ def compressed_morton_code(
                 code |= bit << np.uint64(j)
                 j += 1
     return code
+
+
+def morton_positions(codes: npt.NDArray[np.uint64], grid_shape: Sequence[int]) -> npt.NDArray[np.int64]:
+    """The grid positions (``(n, ndim)``) of compressed Morton codes: the inverse of
+    :func:`compressed_morton_code` (codes beyond the grid give positions outside it)."""
+    shape = [operator.index(s) for s in grid_shape]
+    codes = np.asarray(codes, dtype=np.uint64)
+    coords = np.zeros((len(codes), len(shape)), dtype=np.uint64)
+    j = 0
+    for i in range(max(((s - 1).bit_length() for s in shape), default=0)):
+        for d, s in enumerate(shape):
+            if (1 << i) < s:
+                coords[:, d] |= ((codes >> np.uint64(j)) & np.uint64(1)) << np.uint64(i)
+                j += 1
+    if j < 64:  # bits past the grid's: a code no grid position has
+        coords[codes >> np.uint64(j) != 0] = np.asarray(shape, dtype=np.uint64)
+    return coords.astype(np.int64)
 
 
 # -- encodings -----------------------------------------------------------------------

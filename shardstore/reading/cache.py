@@ -15,7 +15,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from shardstore.formats.indexed import ShardIndex, chunk_range
+from shardstore.formats.base import ChunkTable, table_entry
+from shardstore.formats.indexed import ShardIndex
 
 __all__ = ["IndexCache", "LruCache", "ShardCache", "ShardSnapshot"]
 
@@ -81,17 +82,17 @@ class ShardSnapshot:
     at ``fetched_at`` (``time.monotonic()``), at ``version`` where the store tells."""
 
     data: bytes
-    index: ShardIndex
+    index: ChunkTable
     fetched_at: float
     version: Hashable | None = None
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + self.index.nbytes
+        return len(self.data) + (24 * len(self.index) if isinstance(self.index, dict) else self.index.nbytes)
 
     def chunk(self, position: int) -> tuple[int, int] | None:
-        """(offset, nbytes) of the chunk at ``position``, None where absent."""
-        return chunk_range(self.index, position)
+        """(offset, nbytes) of the chunk at ``position`` (its id), None where absent."""
+        return table_entry(self.index, position)
 
 
 class ShardCache(LruCache[ShardSnapshot]):

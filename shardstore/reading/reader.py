@@ -23,10 +23,9 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import ShardConflictError, ShardFormatError
+from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.formats.indexed import (
     IndexedFormat,
-    ShardIndex,
-    chunk_range,
 )
 from shardstore.inner import STALE, InnerStore
 from shardstore.inner.base import NOT_MODIFIED
@@ -183,6 +182,8 @@ class ShardReader:
         return snapshot
 
     def _wants_whole(self, shard: ShardAddress, positions: set[int]) -> bool:
+        if shard.indexed is None:
+            return True  # chunk ids: whole shards (the key-value store reads them by ranges)
         nominal = shard.info.nominal_shard_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
         if small and (self._whole == "always" or (self._whole == "repeat" and self._repeated(shard.key))):
@@ -298,14 +299,15 @@ class ShardReader:
     ) -> _Fetched:
         try:
             if raw is None:
-                snapshot = ShardSnapshot(b"", shard.shard_format.empty_index(), sent, version)
+                empty: ChunkTable = shard.indexed.empty_index() if shard.indexed else {}
+                snapshot = ShardSnapshot(b"", empty, sent, version)
             else:
                 snapshot = ShardSnapshot(raw, shard.shard_format.parse(raw, shard.key), sent, version)
         except ShardFormatError as exc:
             return None, exc
         if self._cacheable(shard.key, sent):
             self._shards.put(shard.key, snapshot)
-            if raw is not None:
+            if raw is not None and not isinstance(snapshot.index, dict):
                 self._indices.put(shard.key, (snapshot.index, version))
         return snapshot, None
 
@@ -374,39 +376,50 @@ class ShardReader:
         found = await self.shard_indices(list(shards.values()), fresh=fresh)
         out: list[tuple[int, int, Hashable | None] | None] = []
         for chunk in chunks:
-            index, version = found[chunk.shard.key]
-            where = None if index is None else chunk_range(index, chunk.position)
+            table, version = found[chunk.shard.key]
+            where = None if table is None else table_entry(table, chunk.position)
             out.append(None if where is None else (*where, version))
         return out
 
     async def shard_indices(
         self, shards: list[ShardAddress], *, fresh: bool = False
-    ) -> dict[str, tuple[ShardIndex | None, Hashable | None]]:
-        """Indices (and versions) of shards: cached ones, the rest in one inner batch."""
-        found: dict[str, tuple[ShardIndex | None, Hashable | None]] = {}
-        missing = []
+    ) -> dict[str, tuple[ChunkTable | None, Hashable | None]]:
+        """Indices (and versions) of shards: cached ones, the rest in one inner batch
+        (shards of formats without one fixed index: their tables, from whole shards)."""
+        found: dict[str, tuple[ChunkTable | None, Hashable | None]] = {}
+        indexed: list[tuple[ShardAddress, IndexedFormat]] = []
+        whole: list[ShardAddress] = []
         for shard in shards:
             cached = None if fresh else self._indices.get(shard.key)
-            if cached is None:
-                missing.append(shard)
-            else:
+            if cached is not None:
                 found[shard.key] = cached
-        if missing:
-            sent = time.monotonic()
-            raws = await self._inner.get_many_versioned(
-                [(s.key, s.shard_format.index_request()) for s in missing], [None] * len(missing)
-            )
-            for shard, (raw, version) in zip(missing, raws, strict=True):
-                index = None if raw is None else shard.shard_format.decode_index(raw, shard.key)
-                size = self._inner.object_size(version)
-                if index is not None and size is not None:  # before any range is requested
-                    shard.shard_format.check_ranges(index, size, shard.key)
-                if index is not None and self._cacheable(shard.key, sent):
-                    self._indices.put(shard.key, (index, version))
-                found[shard.key] = (index, version)
+            elif shard.indexed is None:
+                whole.append(shard)
+            else:
+                indexed.append((shard, shard.indexed))
+        sent = time.monotonic()
+        raws, fetched = await asyncio.gather(
+            self._inner.get_many_versioned(
+                [(s.key, fmt.index_request()) for s, fmt in indexed], [None] * len(indexed)
+            ),
+            self.fetch_shards(whole),
+        )
+        for (shard, fmt), (raw, version) in zip(indexed, raws, strict=True):
+            index = None if raw is None else fmt.decode_index(raw, shard.key)
+            size = self._inner.object_size(version)
+            if index is not None and size is not None:  # before any range is requested
+                fmt.check_ranges(index, size, shard.key)
+            if index is not None and self._cacheable(shard.key, sent):
+                self._indices.put(shard.key, (index, version))
+            found[shard.key] = (index, version)
+        for shard, (snapshot, error) in zip(whole, fetched, strict=True):
+            if error is not None:
+                raise error
+            assert snapshot is not None
+            found[shard.key] = (snapshot.index if snapshot.data else None, snapshot.version)
         return found
 
-    async def read_indices(self, shards: list[ShardAddress]) -> list[ShardIndex | None]:
+    async def read_indices(self, shards: list[ShardAddress]) -> list[ChunkTable | None]:
         """Fresh indices for listings and maintenance (never from the cache)."""
         found = await self.shard_indices(shards, fresh=True)
         return [found[s.key][0] for s in shards]

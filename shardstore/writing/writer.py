@@ -314,14 +314,15 @@ class ShardWriter:
 
     async def _append(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
-        layout, emptied = shard.shard_format, False
+        fmt, emptied = shard.indexed, False
+        assert fmt is not None  # only the indexed format is appendable
 
         def build(size: int, read: Any) -> bytes | None:
             nonlocal emptied
-            if size < layout.index_nbytes:
-                layout.split(read(0, size), shard.key)  # raises: too short for its index
-            index = layout.decode_index(read(size - layout.index_nbytes, size), shard.key)
-            layout.check_ranges(index, size, shard.key)
+            if size < fmt.index_nbytes:
+                fmt.split(read(0, size), shard.key)  # raises: too short for its index
+            index = fmt.decode_index(read(size - fmt.index_nbytes, size), shard.key)
+            fmt.check_ranges(index, size, shard.key)
             new_index, parts, offset = index.copy(), [], size
             for pos, ups in updates.items():
                 offset_old, nbytes_old = (int(v) for v in index[pos])
@@ -340,7 +341,7 @@ class ShardWriter:
             if (new_index[:, 0] == MISSING).all():
                 emptied = True
                 return None
-            return b"".join(parts) + layout.encode_index(new_index)
+            return b"".join(parts) + fmt.encode_index(new_index)
 
         if not await self._inner.append(shard.key, build):
             return False
