@@ -13,6 +13,7 @@ __all__ = [
     "ConcurrentWriterWarning",
     "InnerStoreError",
     "InvalidKeyError",
+    "ReadOnlyError",
     "ShardConflictError",
     "ShardFormatError",
     "ShardStoreError",
@@ -42,6 +43,10 @@ class ChunkKeyError(ShardStoreError, KeyError):
 
 class InvalidKeyError(ShardStoreError, ValueError):
     """A key that could escape the store's root (``..`` segments, leading ``/``)."""
+
+
+class ReadOnlyError(ShardStoreError, ValueError):
+    """A write to a store opened read-only."""
 
 
 class InnerStoreError(ShardStoreError, OSError):

@@ -24,7 +24,7 @@ import numpy as np
 from zarr.abc.store import RangeByteRequest
 from zarr.core.sync import sync
 
-from shardstore.errors import ChunkKeyError, ShardConflictError
+from shardstore.errors import ChunkKeyError, ReadOnlyError, ShardConflictError, ShardFormatError
 from shardstore.formats.precomputed import (
     PrecomputedSharding,
     decode_chunk,
@@ -136,24 +136,36 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         self, ids: np.ndarray, keys: list[str], minishards: list[int]
     ) -> list[bytes | None]:
         """Stored bytes of each chunk: minishard indices (cached or read, all shards in
-        two rounds), then the data ranges at the version those were read at."""
+        two rounds), then the data ranges at the version those were read at. A range
+        cut short at that very version is damage (ShardFormatError), never retried."""
+        truncated: str | None = None
         for _ in range(STALE_READS):
             found = await self._minishard_indices(set(zip(keys, minishards, strict=True)))
-            todo = [
-                (slot, key, where, found[(key, m)][1])
-                for slot, (chunk_id, key, m) in enumerate(zip(ids.tolist(), keys, minishards, strict=True))
-                if (where := found[(key, m)][0].get(chunk_id)) is not None
-            ]
-            values = [
-                value
-                for value, _ in await self._versioned(
-                    [(key, RangeByteRequest(off, off + n)) for _, key, (off, n), _ in todo],
-                    [version for *_, version in todo],
-                )
-            ]
-            if all(value is not STALE for value in values):
-                out: list[bytes | None] = [None] * len(ids)
-                for (slot, key, (_, nbytes), _), value in zip(todo, values, strict=True):
+            out: list[bytes | None] = [None] * len(ids)
+            todo = []
+            for slot, (chunk_id, key, m) in enumerate(zip(ids.tolist(), keys, minishards, strict=True)):
+                table, version = found[(key, m)]
+                where = table.get(chunk_id)
+                if where is None:
+                    continue
+                if where[1] == 0:
+                    out[slot] = b""  # nothing to read (an empty range is no valid HTTP Range)
+                else:
+                    todo.append((slot, key, where, version))
+            read = await self._versioned(
+                [(key, RangeByteRequest(off, off + n)) for _, key, (off, n), _ in todo],
+                [version for *_, version in todo],
+            )
+            truncated = None
+            if all(value is not STALE for value, _ in read):
+                for (slot, key, (off, nbytes), version), (value, seen) in zip(todo, read, strict=True):
+                    if value is not None and len(value) != nbytes:
+                        truncated = (
+                            f"shard {key!r}: truncated: chunk {int(ids[slot])} at [{off}, {off + nbytes}) "
+                            f"lies past the end of the object ({len(value)} of its {nbytes} bytes there)"
+                        )
+                        if seen is not None and seen == version:
+                            raise ShardFormatError(truncated)  # read at the version indexed: damage
                     if value is None or len(value) != nbytes:
                         self._forget(key)
                         break  # replaced (or cut short) since: read it all again
@@ -162,14 +174,20 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                     return out
             for _, key, _, _ in todo:
                 self._forget(key)
+        if truncated is not None:
+            raise ShardFormatError(truncated)
         raise ShardConflictError(
             f"shard(s) {', '.join(sorted(set(map(repr, keys))))} changed under each of {STALE_READS} "
             "attempts to read chunks of them (other writers are rewriting them); try again"
         )
 
     async def _minishard_indices(
-        self, wanted: set[tuple[str, int]]
+        self, wanted: set[tuple[str, int]], attempt: int = 0
     ) -> dict[tuple[str, int], tuple[Minishard, Hashable | None]]:
+        """The minishard indices asked for, with the shard version each was read at:
+        from the cache, else shard index entries then indices, all in two rounds. An
+        index cut short at the version its entry was read at is damage; one whose
+        shard was replaced in between is read again, up to STALE_READS times."""
         found: dict[tuple[str, int], tuple[Minishard, Hashable | None]] = {}
         missing = []
         for where in sorted(wanted):
@@ -191,14 +209,18 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                 found[(key, m)] = ({}, version)  # no shard, or an empty minishard
             else:
                 ranges.append(((key, m), place, version))
-        raws = [
-            raw
-            for raw, _ in await self._versioned(
-                [(key, RangeByteRequest(p.start, p.stop)) for (key, _), p, _ in ranges],
-                [version for *_, version in ranges],
-            )
-        ]
-        for ((key, m), place, version), raw in zip(ranges, raws, strict=True):
+        raws = await self._versioned(
+            [(key, RangeByteRequest(p.start, p.stop)) for (key, _), p, _ in ranges],
+            [version for *_, version in ranges],
+        )
+        last = attempt + 1 >= STALE_READS
+        for ((key, m), place, version), (raw, seen) in zip(ranges, raws, strict=True):
+            got = -1 if raw is STALE or raw is None else len(raw)  # -1: replaced or deleted since
+            if 0 <= got != len(place) and ((seen is not None and seen == version) or last):
+                raise ShardFormatError(  # cut short at the version its entry was read at: damage
+                    f"shard {key!r}: truncated: the index of minishard {m} at [{place.start}, "
+                    f"{place.stop}) lies past the end of the object ({got} of its {len(place)} bytes there)"
+                )
             if raw is STALE or raw is None or len(raw) != len(place):
                 found[(key, m)] = ({}, _RETRY)
                 continue
@@ -207,9 +229,15 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             found[(key, m)] = (table, version)
             self._remember((key, m), table, version, sent)
         if any(version is _RETRY for _, version in found.values()):
+            changed = sorted({key for (key, _), (_, version) in found.items() if version is _RETRY})
+            if last:
+                raise ShardConflictError(
+                    f"shard(s) {', '.join(map(repr, changed))} changed under each of {STALE_READS} "
+                    "attempts to read their minishard indices (other writers are rewriting them); try again"
+                )
             for key, _ in wanted:
                 self._forget(key)
-            return await self._minishard_indices(wanted)
+            return await self._minishard_indices(wanted, attempt + 1)
         return found
 
     async def _versioned(
@@ -258,7 +286,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         """Write (None: delete) chunks, each affected shard rebuilt once, all
         concurrently; a shard left empty is deleted."""
         if self.read_only:
-            raise ValueError("store is read-only")
+            raise ReadOnlyError(f"{self!r} is read-only: no chunk was written")
         by_shard: dict[str, dict[int, bytes | None]] = {}
         for chunk_id, value in chunks.items():
             key = self.shard_key(chunk_id)
@@ -314,8 +342,14 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
     def __setitem__(self, chunk_id: int, value: bytes) -> None:
         sync(self.update_many({chunk_id: value}))
 
+    def get(self, chunk_id: int, default: Any = None) -> Any:
+        """The chunk's bytes, ``default`` if absent; ChunkKeyError for what is no chunk
+        id (Mapping.get would answer ``default``, hiding e.g. an id that overflowed)."""
+        value = sync(self.get_many([_chunk_id(chunk_id)]))[0]
+        return default if value is None else value
+
     def __delitem__(self, chunk_id: int) -> None:
-        if chunk_id not in self:
+        if _chunk_id(chunk_id) not in self:
             raise KeyError(chunk_id)
         sync(self.update_many({chunk_id: None}))
 
