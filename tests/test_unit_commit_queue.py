@@ -496,3 +496,16 @@ def test_cancelled_writer_on_another_loop_does_not_cancel_the_shared_commit() ->
     assert a_result is None
     assert c_result is None  # fails: CancelledError, though nobody cancelled this writer
     assert calls == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]  # batch two is never committed
+
+
+async def test_waking_a_batch_whose_loop_has_closed_is_harmless() -> None:
+    """A writer wakes batches after leaving the queue's lock; by then the batch may be
+    committed and the loop it lingered on closed (its writer's ``asyncio.run`` over)."""
+    from shardstore.writing.commit_queue import _Batch
+
+    closed = asyncio.new_event_loop()
+    batch: _Batch[str] = _Batch("target", closed)
+    batch.grew = asyncio.Event()
+    closed.close()
+    batch.wake()  # from another, running loop: nothing to wake, no error
+    assert not batch.grew.is_set()

@@ -52,11 +52,15 @@ class _Batch(Generic[T]):
     grew: asyncio.Event | None = None
 
     def wake(self) -> None:
+        """Tell a lingering batch it grew. Called outside the queue's lock, so the
+        batch may have been committed since, and its loop closed: nothing lingers
+        on a closed loop, so there is nobody to wake."""
         if self.grew is None:
             return
         if asyncio.get_running_loop() is self.loop:
             self.grew.set()
-        else:
+            return
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed"
             self.loop.call_soon_threadsafe(self.grew.set)
 
 
