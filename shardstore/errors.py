@@ -19,6 +19,8 @@ __all__ = [
     "ShardStoreError",
     "ShardingConfigError",
     "ShardingPassthroughWarning",
+    "StrategyFallbackWarning",
+    "UnshardedArrayWarning",
 ]
 
 
@@ -69,6 +71,16 @@ class BatchCommitError(ShardStoreError):
     def __init__(self, message: str, failed: dict[str, BaseException]) -> None:
         super().__init__(message)
         self.failed = failed
+
+
+class StrategyFallbackWarning(UserWarning):
+    """``write_strategy="append"`` on an inner store that cannot append (anything
+    but local files): its shards are rewritten whole instead."""
+
+
+class UnshardedArrayWarning(UserWarning):
+    """A new array stays unsharded although the store was given ``chunks_per_shard``:
+    a sequence of another rank than the array's (once per rank and store)."""
 
 
 class ShardingPassthroughWarning(UserWarning):

@@ -82,6 +82,12 @@ class StoreInternals:
             fmt = self._policy.format_for(path, doc, len(shape))
         return fmt.chunks_per_shard if isinstance(fmt, IndexedFormat) else None
 
+    @property
+    def write_strategy(self) -> str:
+        """The write strategy in effect: "append" only where asked for and the inner
+        store can append in place (local files), else "rewrite"."""
+        return self._writer.strategy
+
     def cache_usage(self) -> dict[str, tuple[int, int]]:
         """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
         return self._reader.cache_usage()

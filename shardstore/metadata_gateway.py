@@ -18,7 +18,7 @@ from typing import Any
 from zarr.abc.store import ByteRequest
 
 from shardstore.catalog import ArrayCatalog
-from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning
+from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning, UnshardedArrayWarning
 from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore, slice_range
@@ -52,6 +52,7 @@ class MetadataGateway:
         self._catalog = catalog
         self._policy = policy
         self._form = form
+        self._unsharded_ranks: set[int] = set()
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         """A metadata document as zarr must see it: without our transformer entry."""
@@ -129,11 +130,28 @@ class MetadataGateway:
         if written.shard_format is None and written.form == "transformer" and not written.codec_sharded:
             self._new_format(path, name, written, doc)
 
+    def _note_unsharded(self, path: str, ndim: int) -> None:
+        """Say once per rank that a ``chunks_per_shard`` sequence of another rank
+        leaves new arrays unsharded (xarray's 1-d coordinates beside 2-d variables
+        are meant to be; a typo is not)."""
+        cps = self._policy.chunks_per_shard
+        if not isinstance(cps, tuple) or ndim in (0, len(cps)) or ndim in self._unsharded_ranks:
+            return
+        self._unsharded_ranks.add(ndim)
+        warnings.warn(
+            f"array {path or '/'!r} has {ndim} dimension(s) and stays unsharded: chunks_per_shard "
+            f"{list(cps)} is for {len(cps)}-d arrays (give a mapping by path or a callable to shard "
+            f"arrays of several ranks); said once per rank",
+            UnshardedArrayWarning,
+            stacklevel=2,
+        )
+
     def _new_format(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
     ) -> tuple[ShardFormat, Layout] | None:
         fmt = self._policy.format_for(path, doc, written.ndim)
         if fmt is None:
+            self._note_unsharded(path, written.ndim)
             return None
         form: Layout = self._form if isinstance(fmt, IndexedFormat) else "transformer"
         if form == "codec" and name != V3_NAME:

@@ -10,6 +10,7 @@ read the indices so that they report exactly the chunks present.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress
 from shardstore.catalog import ArrayCatalog
+from shardstore.errors import ReadOnlyError, StrategyFallbackWarning
 from shardstore.inner import adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.internals import StoreInternals
@@ -97,6 +99,13 @@ class ShardingStore(Store):
         self._writer = ShardWriter(
             self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
         )
+        if write_strategy == "append" and not self._inner.capabilities.append:
+            warnings.warn(
+                f"write_strategy='append' needs an inner store that can append in place (local "
+                f"files); {self._inner!r} cannot, so shards are rewritten whole ('rewrite')",
+                StrategyFallbackWarning,
+                stacklevel=2,
+            )
         self._router = KeyRouter(self._catalog)
         self._lister = ShardLister(self._inner, self._catalog, self._reader, self._writer.drain)
         self._reads = ReadCoalescer(self._read_checked)
@@ -162,6 +171,10 @@ class ShardingStore(Store):
     def supports_listing(self) -> bool:
         return True
 
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyError(f"store was opened in read-only mode and does not support writing: {self!r}")
+
     def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> BatchScope[ShardingStore]:
         """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).
 
@@ -172,7 +185,9 @@ class ShardingStore(Store):
         partial lands over good data) and a note on the exception names them; if a
         commit fails, :class:`~shardstore.errors.BatchCommitError` names the shards.
         Reads inside the block see its writes; listings first commit the buffer.
+        A read-only store refuses a batch (ReadOnlyError).
         """
+        self._check_writable()
         return self._writer.batch(max_bytes, self)
 
     # -- synchronous conveniences (zarr's SupportsSyncStore protocol) -----------

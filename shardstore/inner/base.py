@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import re
 from abc import ABC, abstractmethod
@@ -14,6 +15,8 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.errors import InnerStoreError, ShardConflictError, ShardStoreError
 from shardstore.inner.locks import process_lock
+
+log = logging.getLogger(__name__)
 
 AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
 UNCHANGED = b"<unchanged>"
@@ -152,7 +155,11 @@ class InnerStore(ABC):
                     return
                 if await self.write_if(key, new, version):
                     return
+                log.debug(
+                    "update %r: another writer got there first (attempt %d/%d)", key, attempt + 1, attempts
+                )
                 await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+        log.warning("update %r: gave up after %d conflicting attempts", key, attempts)
         raise ShardConflictError(
             f"{key!r} was changed by other writers during each of {attempts} attempts to update it; "
             "this update was not applied and the object holds the other writers' data"

@@ -14,6 +14,7 @@ garbage. Concurrent fetches of one shard share one request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -33,6 +34,8 @@ from shardstore.options import ReadPolicy
 from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
 
 __all__ = ["ShardReader"]
+
+log = logging.getLogger(__name__)
 
 
 def index_request(layout: IndexedFormat) -> ByteRequest:
@@ -159,6 +162,17 @@ class ShardReader:
                 whole.append((shard, members))
             else:
                 ranged.extend(members)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "read %d chunk(s) of %d shard(s): %d from the shard cache, %d revalidated, "
+                "%d fetched whole, %d chunk(s) by index and ranges",
+                len(chunks),
+                len(by_shard),
+                len(by_shard) - len(whole) - len(recheck) - len({chunks[i][0].shard.key for i in ranged}),
+                len(recheck),
+                len(whole),
+                len(ranged),
+            )
         rounds = [
             self._read_whole(whole, chunks, results) if whole else None,
             self._revalidated(recheck, chunks, results) if recheck else None,
@@ -361,6 +375,7 @@ class ShardReader:
                     results[i] = part
             if not stale:
                 return
+            log.debug("%d chunk range(s) met a shard changed since its index was read: again", len(stale))
             todo = stale
         keys = sorted({chunks[i][0].shard.key for i in todo})
         raise ShardConflictError(

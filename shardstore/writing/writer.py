@@ -48,7 +48,7 @@ from shardstore.writing.updates import (
 
 __all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter", "WriteStrategy"]
 
-log = logging.getLogger("shardstore")
+log = logging.getLogger(__name__)
 
 WriteStrategy = Literal["rewrite", "append"]
 DEFAULT_BATCH_BYTES = 512 * 2**20
@@ -119,7 +119,8 @@ class ShardWriter:
         attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self._inner = inner
-        self.strategy = strategy
+        self.strategy: WriteStrategy = strategy if inner.capabilities.append else "rewrite"
+        """The strategy in effect: "append" only where the inner store can append."""
         self._attempts = attempts  # conditional writes of one commit before ShardConflictError
         self._on_commit = on_commit  # told of every shard key committed to (or attempted)
         self._queue: CommitQueue[_Job] = CommitQueue(
@@ -275,9 +276,13 @@ class ShardWriter:
     # -- commits ------------------------------------------------------------------
 
     async def _commit(self, shard_key: str, job: _Job, updates: ShardUpdates) -> None:
+        log.debug("commit %r: %d chunk(s)%s", shard_key, len(updates), " (compact)" if job.compact else "")
         try:
             with failure("commit", shard_key):  # an inner store of the user's own may raise anything
                 await self._commit_by_strategy(job, updates)
+        except Exception as exc:
+            log.debug("commit %r failed: %s", shard_key, exc)
+            raise
         finally:
             self._on_commit(shard_key)
 
@@ -286,7 +291,6 @@ class ShardWriter:
         appendable = (
             self.strategy == "append"
             and not job.compact
-            and self._inner.capabilities.append
             and shard.shard_format.appendable
             and not covers_shard(shard, updates)  # a whole new shard is written compact
         )

@@ -1,0 +1,66 @@
+"""No silent fallbacks: what the store does instead of what was asked is said."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import zarr
+from zarr.core.buffer import cpu
+
+from shardstore import ReadOnlyError, ShardingStore, StrategyFallbackWarning, UnshardedArrayWarning
+
+
+@pytest.mark.parametrize("kind", ["dict", "memory", "fsspec-memory"])
+def test_append_on_a_store_that_cannot_append_warns_and_says_rewrite(kind: str) -> None:
+    inner = {"dict": {}, "memory": zarr.storage.MemoryStore(), "fsspec-memory": "memory://fallback"}[kind]
+    with pytest.warns(StrategyFallbackWarning, match="rewritten whole"):
+        store = ShardingStore(inner, (2, 2), write_strategy="append")
+    assert store.internals.write_strategy == "rewrite"
+
+
+def test_append_on_local_files_is_append_without_a_warning(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = ShardingStore(str(tmp_path), (2, 2), write_strategy="append")
+    assert store.internals.write_strategy == "append"
+    assert ShardingStore(str(tmp_path), (2, 2)).internals.write_strategy == "rewrite"
+
+
+def test_a_chunks_per_shard_of_another_rank_warns_once_per_rank() -> None:
+    store = ShardingStore({}, (4, 4))
+    with pytest.warns(UnshardedArrayWarning, match=r"'x' has 1 dimension.*\[4, 4\]") as caught:
+        zarr.create_array(store, name="x", shape=(8,), chunks=(2,), dtype="u1")
+        zarr.create_array(store, name="y", shape=(8,), chunks=(2,), dtype="u1")  # same rank: said already
+    assert len([w for w in caught if issubclass(w.category, UnshardedArrayWarning)]) == 1
+    with pytest.warns(UnshardedArrayWarning, match="'v' has 3 dimension"):
+        zarr.create_array(store, name="v", shape=(2, 2, 2), chunks=(1, 1, 1), dtype="u1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rank it is for, and 0-d arrays: nothing to say
+        zarr.create_array(store, name="m", shape=(8, 8), chunks=(2, 2), dtype="u1")
+        zarr.create_array(store, name="s", shape=(), dtype="u1")
+
+
+async def test_a_read_only_store_refuses_batches_and_writes_with_read_only_error() -> None:
+    backing: dict[str, bytes] = {}
+    zarr.create_array(ShardingStore(backing, (2, 2)), name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
+    store = ShardingStore(backing, read_only=True)
+    with pytest.raises(ReadOnlyError, match="read-only"):
+        store.batch()
+    with pytest.raises(ReadOnlyError):
+        await store.set("a/c/0/0", cpu.Buffer.from_bytes(b"\x01" * 4))
+    assert isinstance(ReadOnlyError("x"), ValueError)  # zarr's own read-only error type
+
+
+def test_commits_retries_and_read_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    store = ShardingStore({}, (2, 2))
+    arr = zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1")
+    with caplog.at_level(logging.DEBUG, logger="shardstore"):
+        arr[:] = 1
+        _ = arr[:]
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("shardstore")]
+    assert any(m.startswith("commit 'a/c/0/0'") for m in messages)
+    assert any(m.startswith("read ") and "shard(s)" in m for m in messages)
