@@ -54,4 +54,6 @@ def main(directory: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="shardstore-example-"))
+    target = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="shardstore-example-")
+    main(target)
+    print(f"the store is in {target} (remove it when done)")
