@@ -136,58 +136,63 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         self, ids: np.ndarray, keys: list[str], minishards: list[int]
     ) -> list[bytes | None]:
         """Stored bytes of each chunk: minishard indices (cached or read, all shards in
-        two rounds), then the data ranges at the version those were read at. A range
-        cut short at that very version is damage (ShardFormatError), never retried."""
+        two rounds), then the data ranges at the version those were read at. Only the
+        chunks of a shard replaced in between are read again (up to STALE_READS
+        times); a range cut short at that very version is damage (ShardFormatError)."""
+        out: list[bytes | None] = [None] * len(ids)
+        pending = list(range(len(ids)))
         truncated: str | None = None
         for _ in range(STALE_READS):
-            found = await self._minishard_indices(set(zip(keys, minishards, strict=True)))
-            out: list[bytes | None] = [None] * len(ids)
+            found = await self._minishard_indices({(keys[i], minishards[i]) for i in pending})
             todo = []
-            for slot, (chunk_id, key, m) in enumerate(zip(ids.tolist(), keys, minishards, strict=True)):
-                table, version = found[(key, m)]
-                where = table.get(chunk_id)
+            for slot in pending:
+                table, version = found[(keys[slot], minishards[slot])]
+                where = table.get(int(ids[slot]))
                 if where is None:
                     continue
                 if where[1] == 0:
                     out[slot] = b""  # nothing to read (an empty range is no valid HTTP Range)
                 else:
-                    todo.append((slot, key, where, version))
+                    todo.append((slot, keys[slot], where, version))
             read = await self._versioned(
                 [(key, RangeByteRequest(off, off + n)) for _, key, (off, n), _ in todo],
                 [version for *_, version in todo],
             )
-            truncated = None
-            if all(value is not STALE for value, _ in read):
-                for (slot, key, (off, nbytes), version), (value, seen) in zip(todo, read, strict=True):
-                    if value is not None and len(value) != nbytes:
-                        truncated = (
-                            f"shard {key!r}: truncated: chunk {int(ids[slot])} at [{off}, {off + nbytes}) "
-                            f"lies past the end of the object ({len(value)} of its {nbytes} bytes there)"
-                        )
-                        if seen is not None and seen == version:
-                            raise ShardFormatError(truncated)  # read at the version indexed: damage
-                    if value is None or len(value) != nbytes:
-                        self._forget(key)
-                        break  # replaced (or cut short) since: read it all again
-                    out[slot] = value
+            changed: set[str] = set()
+            for (slot, key, (off, nbytes), version), (value, seen) in zip(todo, read, strict=True):
+                if value is STALE or value is None:
+                    changed.add(key)  # replaced or deleted since its index was read
+                elif len(value) != nbytes:
+                    truncated = (
+                        f"shard {key!r}: truncated: chunk {int(ids[slot])} at [{off}, {off + nbytes}) "
+                        f"lies past the end of the object ({len(value)} of its {nbytes} bytes there)"
+                    )
+                    if seen is not None and seen == version:
+                        raise ShardFormatError(truncated)  # read at the version indexed: damage
+                    changed.add(key)
                 else:
-                    return out
-            for _, key, _, _ in todo:
+                    out[slot] = value
+            if not changed:
+                return out
+            for key in changed:
                 self._forget(key)
+            pending = [slot for slot in pending if keys[slot] in changed]
+            for slot in pending:
+                out[slot] = None
         if truncated is not None:
             raise ShardFormatError(truncated)
         raise ShardConflictError(
-            f"shard(s) {', '.join(sorted(set(map(repr, keys))))} changed under each of {STALE_READS} "
-            "attempts to read chunks of them (other writers are rewriting them); try again"
+            f"shard(s) {', '.join(sorted({repr(keys[i]) for i in pending}))} changed under each of "
+            f"{STALE_READS} attempts to read chunks of them (other writers are rewriting them); try again"
         )
 
     async def _minishard_indices(
-        self, wanted: set[tuple[str, int]], attempt: int = 0
+        self, wanted: set[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[Minishard, Hashable | None]]:
         """The minishard indices asked for, with the shard version each was read at:
         from the cache, else shard index entries then indices, all in two rounds. An
-        index cut short at the version its entry was read at is damage; one whose
-        shard was replaced in between is read again, up to STALE_READS times."""
+        index cut short at the version its entry was read at is damage; the indices
+        of a shard replaced in between are read again, up to STALE_READS times."""
         found: dict[tuple[str, int], tuple[Minishard, Hashable | None]] = {}
         missing = []
         for where in sorted(wanted):
@@ -196,8 +201,25 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                 missing.append(where)
             else:
                 found[where] = cached
-        if not missing:
-            return found
+        for attempt in range(STALE_READS):
+            if not missing:
+                return found
+            missing = await self._read_minishard_indices(missing, found, last=attempt + 1 == STALE_READS)
+        raise ShardConflictError(
+            f"shard(s) {', '.join(sorted({repr(key) for key, _ in missing}))} changed under each of "
+            f"{STALE_READS} attempts to read their minishard indices (other writers are rewriting them); "
+            "try again"
+        )
+
+    async def _read_minishard_indices(
+        self,
+        missing: list[tuple[str, int]],
+        found: dict[tuple[str, int], tuple[Minishard, Hashable | None]],
+        *,
+        last: bool,
+    ) -> list[tuple[str, int]]:
+        """One try at the indices ``missing``, into ``found``; those of shards replaced
+        between the two rounds are returned, to be read again."""
         sent = time.monotonic()
         entries = await self._versioned(
             [(key, RangeByteRequest(16 * m, 16 * m + 16)) for key, m in missing], [None] * len(missing)
@@ -213,7 +235,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             [(key, RangeByteRequest(p.start, p.stop)) for (key, _), p, _ in ranges],
             [version for *_, version in ranges],
         )
-        last = attempt + 1 >= STALE_READS
+        again: list[tuple[str, int]] = []
         for ((key, m), place, version), (raw, seen) in zip(ranges, raws, strict=True):
             got = -1 if raw is STALE or raw is None else len(raw)  # -1: replaced or deleted since
             if 0 <= got != len(place) and ((seen is not None and seen == version) or last):
@@ -222,23 +244,14 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                     f"{place.stop}) lies past the end of the object ({got} of its {len(place)} bytes there)"
                 )
             if raw is STALE or raw is None or len(raw) != len(place):
-                found[(key, m)] = ({}, _RETRY)
+                self._forget(key)
+                again.append((key, m))
                 continue
             rows = decode_minishard_index(self.sharding, raw, key)
             table = {int(i): (int(o), int(n)) for i, o, n in rows.tolist()}
             found[(key, m)] = (table, version)
             self._remember((key, m), table, version, sent)
-        if any(version is _RETRY for _, version in found.values()):
-            changed = sorted({key for (key, _), (_, version) in found.items() if version is _RETRY})
-            if last:
-                raise ShardConflictError(
-                    f"shard(s) {', '.join(map(repr, changed))} changed under each of {STALE_READS} "
-                    "attempts to read their minishard indices (other writers are rewriting them); try again"
-                )
-            for key, _ in wanted:
-                self._forget(key)
-            return await self._minishard_indices(wanted, attempt + 1)
-        return found
+        return again
 
     async def _versioned(
         self, requests: list[tuple[str, RangeByteRequest]], expected: list[Hashable | None]
@@ -371,7 +384,3 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         if kwargs:
             raise TypeError("chunk ids are integers: pass a mapping or pairs")
         sync(self.update_many(dict(other)))
-
-
-_RETRY: Hashable = object()
-"""A minishard index read that met a replaced shard: read it again."""

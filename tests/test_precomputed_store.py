@@ -756,3 +756,36 @@ def test_cache_sees_another_instance_rewrite_without_stat(kind: str, request: py
     if kind == "s3":
         time.sleep(0.35)
     assert ageing[WARM + 64] == b"added" and reader.get(WARM) is None
+
+
+async def test_a_read_of_several_shards_retries_only_the_shard_that_changed(tmp_path: Path) -> None:
+    """A writer replacing one shard or the other between every index read and data read
+    must not starve a read of both: only the changed shard's chunks are read again."""
+    sharding = PrecomputedSharding(0, "identity", 2, 1)
+    kv = PrecomputedShardedStore(str(tmp_path), sharding)
+    ids = list(range(64))
+    await kv.update_many({i: b"old" for i in ids})
+    shard_of = {i: kv.shard_key(i) for i in ids}
+    shards = sorted(set(shard_of.values()))
+    assert len(shards) == 2
+    writer = PrecomputedShardedStore(str(tmp_path), sharding)
+    real = kv.raw.get_many_versioned
+    state = {"reads": 0, "replaced": 0}
+
+    async def replace_one_shard_before_each_data_read(requests: Any, expected: Any) -> Any:
+        data_round = any(e is not None for e in expected) and all(
+            r.end - r.start == 3
+            for _, r in requests  # the 3-byte chunks, not an index
+        )
+        if data_round and state["replaced"] < 20:  # more than STALE_READS: every try meets one
+            victim = shards[state["replaced"] % 2]
+            state["replaced"] += 1
+            await writer.update_many({i: b"new" for i in ids if shard_of[i] == victim})
+        state["reads"] += 1
+        return await real(requests, expected)
+
+    kv.raw.get_many_versioned = replace_one_shard_before_each_data_read  # type: ignore[method-assign]
+    values = await kv.get_many(ids)
+    assert state["replaced"] >= 2  # both shards changed under the read at least once
+    assert all(v in (b"old", b"new") for v in values)
+    assert {values[i] for i in ids if shard_of[i] == shards[0]} in ({b"old"}, {b"new"})
