@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, NoReturn
 
-from shardstore.errors import ShardingConfigError, ShardStoreError
+from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -51,6 +54,33 @@ def _no_zarr(url: str) -> str:
     return f"no zarr hierarchy at {url!r} (no {', '.join(_ROOT_DOCUMENTS)} at its root)"
 
 
+def _nothing_there(url: str, storage_options: dict[str, Any] | None) -> str | None:
+    """Why ``url`` holds no hierarchy where its file system tells cheaply (nothing
+    there, or a file), for the error message; None where it does not tell."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(url, **(storage_options or {}))
+        if fs.isfile(path):
+            return f"no zarr hierarchy at {url!r}: it is a file, not a directory"
+        if not fs.exists(path):
+            return f"no zarr hierarchy at {url!r}: no such file or directory"
+    except Exception:  # only a hint: the plain message stands
+        return None
+    return None
+
+
+def _opened(what: Callable[[], Any], url: str) -> Any:
+    """``what()``, an fsspec file system failing to open ``url`` (unknown protocol,
+    missing driver, bad storage options) an error naming it, never a traceback."""
+    try:
+        return what()
+    except ShardStoreError:
+        raise
+    except (ValueError, TypeError, ImportError, OSError) as exc:
+        raise ShardStoreError(f"cannot open {url!r}: {type(exc).__name__}: {exc}") from None
+
+
 def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store at ``args.url`` if it holds a zarr hierarchy (a root node, as
     ``zarr.open`` needs), else None."""
@@ -58,12 +88,16 @@ def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
 
     from shardstore.store import ShardingStore
 
-    store = ShardingStore(args.url, storage_options=args.storage_options, **kwargs)
+    store = _opened(lambda: ShardingStore(args.url, storage_options=args.storage_options, **kwargs), args.url)
 
     async def root_found() -> bool:
         return any(await asyncio.gather(*(store.exists(name) for name in _ROOT_DOCUMENTS)))
 
-    return store if sync(root_found()) else None
+    try:
+        found = sync(root_found())
+    except InnerStoreError as exc:  # unreachable, no permission, no credentials
+        raise ShardStoreError(f"cannot read {args.url!r}: {exc}") from None
+    return store if found else None
 
 
 def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
@@ -71,7 +105,7 @@ def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
     error, never an empty report."""
     store = _zarr_store(args, **kwargs)
     if store is None:
-        raise ShardStoreError(_no_zarr(args.url))
+        raise ShardStoreError(_nothing_there(args.url, args.storage_options) or _no_zarr(args.url))
     return store
 
 
@@ -83,12 +117,15 @@ def _location(args: argparse.Namespace) -> Any:
     from shardstore.maintenance import find_precomputed
 
     if args.sharding is not None:
-        return find_precomputed(args.url, args.storage_options, args.sharding)
+        return _opened(lambda: find_precomputed(args.url, args.storage_options, args.sharding), args.url)
     store = _zarr_store(args, read_only=True)
     if store is not None:
         return store
     found = find_precomputed(args.url, args.storage_options)
     if found is None:
+        nothing = _nothing_there(args.url, args.storage_options)
+        if nothing is not None:
+            raise ShardStoreError(nothing)
         raise ShardStoreError(
             f"{_no_zarr(args.url)}, nor neuroglancer precomputed data (no 'info' file listing scales or "
             "giving a sharding; for a directory of .shard files pass --sharding)"
@@ -102,9 +139,10 @@ def _precomputed(location: Any) -> bool:
     return isinstance(location, PrecomputedLocation)
 
 
-def _warn_damaged(damaged: dict[str, str], consequence: str) -> int:
-    """Name each damaged shard on stderr; the exit status: 1 if any."""
-    for key in sorted(damaged):  # each problem names its shard
+def _warn_damaged(damaged: dict[str, str], consequence: str, quiet: bool = False) -> int:
+    """Name each damaged shard on stderr (``quiet``: only count them); the exit
+    status: 1 if any."""
+    for key in sorted(damaged) if not quiet else ():  # each problem names its shard
         print(f"warning: {damaged[key]}; {consequence}", file=sys.stderr)
     if damaged:
         print(f"{len(damaged)} damaged shard(s); `shardstore verify` lists every problem", file=sys.stderr)
@@ -121,7 +159,7 @@ def _ls(args: argparse.Namespace) -> int:
         keys, damaged = list_keys(location, args.prefix)
     for key in keys:
         print(key)
-    return _warn_damaged(damaged, "its chunks are not listed")
+    return _warn_damaged(damaged, "its chunks are not listed", args.quiet)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -130,22 +168,24 @@ def _info(args: argparse.Namespace) -> int:
     location = _location(args)
     if _precomputed(location):
         return _precomputed_info(args, location)
-    reports = info(location, args.prefix)
+    reports = info(location, args.prefix, write_strategy=args.write_strategy)
     damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
-        return _warn_damaged(damaged, "its chunks and dead bytes are not counted")
+        return _warn_damaged(damaged, "its chunks and dead bytes are not counted", args.quiet)
     print(
-        f"{'array':<30} {'sharded':>12} {'shards':>7} {'chunks':>13} {'fill':>6} {'bytes':>14} {'dead':>12}"
+        f"{'array':<30} {'sharded':>12} {'shards':>7} {'chunks':>13} {'fill':>6} {'bytes':>14} {'dead':>12} "
+        f"{'layout':>11} {'writes':>7}"
     )
     for r in reports:
         cps = "x".join(map(str, r.chunks_per_shard)) if r.chunks_per_shard else "no"
         print(
             f"{r.path or '/':<30} {cps:>12} {r.shards:>7} {r.chunks:>6}/{r.grid_chunks:<6} "
-            f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,}"
+            f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,} "
+            f"{r.layout or '-':>11} {r.write_strategy:>7}"
             + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
         )
-    return _warn_damaged(damaged, "its chunks and dead bytes are not counted")
+    return _warn_damaged(damaged, "its chunks and dead bytes are not counted", args.quiet)
 
 
 def _sharding_text(sharding: dict[str, Any]) -> str:
@@ -161,7 +201,7 @@ def _precomputed_info(args: argparse.Namespace, location: Any) -> int:
     damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
     if args.json:
         print(json.dumps([r.to_dict() for r in reports], indent=2))
-        return _warn_damaged(damaged, "its chunks are not counted")
+        return _warn_damaged(damaged, "its chunks are not counted", args.quiet)
     for r in reports:
         what = f"scale {r.path}" if location.volume else f"shards at {location.url}"
         print(f"{what}: {_sharding_text(r.sharding) if r.sharding else 'unsharded'}")
@@ -172,51 +212,55 @@ def _precomputed_info(args: argparse.Namespace, location: Any) -> int:
             f"  {files}{fill}, {r.stored_bytes:,} bytes"
             + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
         )
-    return _warn_damaged(damaged, "its chunks are not counted")
+    return _warn_damaged(damaged, "its chunks are not counted", args.quiet)
 
 
-def _progress(what: str, done: int, total: int) -> None:
-    if not sys.stderr.isatty():  # a log wants the outcome, not a counter
-        return
-    print(
-        f"\rchecking {what}: {done:,}/{total:,}",
-        end="" if done < total else "\n",
-        file=sys.stderr,
-        flush=True,
-    )
+def _progress(args: argparse.Namespace, **stages: str) -> Any:
+    """Progress bars of the stages named (stage -> description) on stderr: only on a
+    terminal, never with ``--quiet``."""
+    from shardstore.progress import StageProgress
+
+    return StageProgress(False if args.quiet else None, stages)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from shardstore.maintenance import leftovers, precomputed_leftovers, verify, verify_precomputed
 
     location = _location(args)
-    if _precomputed(location):  # every shard file read whole: gzip chunk data always decoded
-        damaged = verify_precomputed(location, args.prefix, progress=_progress)
-        found = precomputed_leftovers(location, args.prefix)
-    else:
-        damaged = verify(location, args.prefix, decode=args.decode, progress=_progress)
-        found = leftovers(location, args.prefix)
+    with _progress(args, shards="checking shards", chunks="decoding chunks") as progress:
+        if _precomputed(location):  # every shard file read whole: gzip chunk data always decoded
+            damaged = verify_precomputed(location, args.prefix, progress=progress)
+            found = precomputed_leftovers(location, args.prefix)
+        else:
+            damaged = verify(location, args.prefix, decode=args.decode, progress=progress)
+            found = leftovers(location, args.prefix)
     for key, problem in sorted(damaged.items()):
         print(f"DAMAGED {key}: {problem}")
     for key, what in sorted(found.items()):
         print(f"LEFTOVER {key}: {what}")
-    print(f"{len(damaged)} damaged object(s)" if damaged else "all shards intact", file=sys.stderr)
+    if damaged:
+        print(f"{len(damaged)} damaged object(s)", file=sys.stderr)
+    elif not args.quiet:
+        print("all shards intact", file=sys.stderr)
     return 1 if damaged else 0
 
 
 def _compact(args: argparse.Namespace) -> int:
     from shardstore.maintenance import compact
 
-    reports = compact(_store(args), args.prefix)
+    store = _store(args)
+    with _progress(args, shards="compacting shards") as progress:
+        reports = compact(store, args.prefix, progress=progress)
     done = [r for r in reports if r.damage is None]
-    for report in done:
+    for report in done if not args.quiet else ():
         print(f"compacted {report.key}: {report.dead_bytes:,} dead bytes removed", file=sys.stderr)
     print(f"{len(done)} shard(s) compacted, {sum(r.dead_bytes for r in done):,} bytes freed")
-    return _warn_damaged({r.key: r.damage for r in reports if r.damage is not None}, "left as it is")
+    damaged = {r.key: r.damage for r in reports if r.damage is not None}
+    return _warn_damaged(damaged, "left as it is", args.quiet)
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from shardstore.convert import convert
+    from shardstore.convert import convert, terminal_progress
     from shardstore.store import ShardingStore
 
     if args.unshard == bool(args.chunks_per_shard):
@@ -227,52 +271,168 @@ def _convert(args: argparse.Namespace) -> int:
         raise ShardingConfigError(
             f"--chunks-per-shard {args.chunks_per_shard!r} is not a comma-separated list of integers"
         ) from None
-    src = ShardingStore(args.src, storage_options=args.storage_options, read_only=True)
+    if args.workers is not None and args.workers < 1:
+        raise ShardStoreError(f"--workers {args.workers}: at least 1")
+    src_url, dst_url = args.src, args.dst
+    client: Any = None
+    if args.scheduler is not None:
+        try:
+            import distributed
+        except ImportError:
+            raise ShardStoreError(
+                "--scheduler needs dask.distributed, which is not installed: pip install 'shardstore[dask]'"
+            ) from None
+        # the workers resolve local paths: make them absolute (and shared by the cluster)
+        src_url, dst_url = (u if "://" in u or "::" in u else os.path.abspath(u) for u in (src_url, dst_url))
+        try:
+            client = distributed.Client(args.scheduler)  # type: ignore[no-untyped-call]
+        except (OSError, ValueError, TypeError) as exc:
+            raise ShardStoreError(f"cannot reach the dask scheduler at {args.scheduler!r}: {exc}") from None
+    src = ShardingStore(src_url, storage_options=args.storage_options, read_only=True)
     dst = ShardingStore(
-        args.dst,
+        dst_url,
         cps,
         storage_options=args.dst_storage_options,
         layout=args.layout,
         index_location=args.index_location,
         index_checksum=args.index_checksum,
     )
-
-    def progress(done: int, total: int) -> None:
-        print(f"\rcopying chunks: {done:,}/{total:,}", end="", file=sys.stderr, flush=True)
-
-    report = convert(src, dst, progress=progress)
-    print(file=sys.stderr)
-    print(f"{report.arrays} array(s), {report.chunks:,} chunks, {report.bytes:,} chunk bytes copied")
+    try:
+        with terminal_progress(False if args.quiet else None) as bar:
+            report = convert(src, dst, progress=bar, workers=args.workers, client=client, resume=args.resume)
+    except KeyboardInterrupt:
+        print(
+            "shardstore convert: the shards written so far are kept; run the same command again to resume",
+            file=sys.stderr,
+        )
+        raise
+    finally:
+        if client is not None:
+            client.close()
+    for line in report.summary():
+        print(line)
     return 0
 
 
 def _layout(args: argparse.Namespace) -> int:
+    from zarr.core.sync import sync
+
     from shardstore.layouts import switch_layout
 
-    changed = switch_layout(_store(args), args.prefix, args.to)
-    print(f"{args.prefix or '/'}: layout {args.to}" + ("" if changed else " already; nothing written"))
+    store = _store(args)
+    path = args.array.strip("/")
+    if sync(store.internals.array_at(path)) is None:
+        raise ShardStoreError(
+            f"argument ARRAY: no zarr v3 array at {path or '/'!r} in {args.url!r} "
+            f"(the path of an array in the hierarchy, e.g. 'group/array'; `shardstore info {args.url}` "
+            "lists them)"
+        )
+    changed = switch_layout(store, path, args.to)
+    print(f"{path or '/'}: layout {args.to}" + ("" if changed else " already; nothing written"))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shardstore", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('shardstore')}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="write a sample array sharded and unsharded, compare")
+EXIT_STATUS = """\
+exit status:
+  0    success
+  1    damage found: verify found a damaged shard, or ls, info or compact skipped one
+  2    usage error (a missing or bad argument or option, --storage-options that is
+       not a JSON object) or a store that cannot be read (nothing at the URL, a file,
+       no zarr hierarchy there, an unknown protocol, an I/O error)
+  130  interrupted (Ctrl-C)
+
+A closed output pipe (`shardstore ls URL | head`) is not an error. verify and
+compact draw progress bars on stderr when it is a terminal and tqdm is installed
+(pip install 'shardstore[progress]'); --quiet turns them off.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (with where to look), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+_QUIET = {
+    "ls": "no per-shard warnings on stderr: damaged shards are only counted",
+    "info": "no per-shard warnings on stderr: damaged shards are only counted",
+    "verify": "no progress bar and no 'all shards intact' note on stderr (DAMAGED and LEFTOVER lines, "
+    "the count of damaged objects and the exit status stay)",
+    "compact": "no progress bar and no per-shard lines on stderr (the summary and the exit status stay)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line (``shardstore --help``; each command's ``--help``)."""
+    parser = _Parser(
+        prog="shardstore",
+        description=__doc__,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version('shardstore')}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
+    demo = sub.add_parser(
+        "demo",
+        help="write a sample array sharded and unsharded, compare",
+        description="Write a sample array sharded and unsharded, read both back and compare.",
+    )
     demo.add_argument("--dir", help="where to write (default: a temporary directory)")
     for name, helptext in (
         ("ls", "logical keys, as zarr sees them"),
-        ("info", "arrays, shards, chunks present, fill ratio, dead bytes"),
+        ("info", "arrays, shards, chunks present, fill ratio, dead bytes, layout, write strategy"),
         ("verify", "check every shard index and chunk range; exit 1 naming damaged keys"),
         ("compact", "rewrite shards that carry dead bytes"),
         ("layout", "switch a v3 array between layouts 'transformer' and 'codec' (metadata only)"),
     ):
-        cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("url", help="the store, as an fsspec URL")
-        cmd.add_argument("prefix", nargs="?", default="", help="only keys under this prefix")
-        cmd.add_argument("--storage-options", type=_json_object, help="JSON object of file-system options")
+        cmd = sub.add_parser(
+            name,
+            help=helptext,
+            description=f"{helptext[0].upper()}{helptext[1:]}.",
+            epilog=EXIT_STATUS,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        cmd.add_argument(
+            "url",
+            metavar="URL",
+            help="the store: an fsspec URL (file:///data/x.zarr, s3://bucket/x.zarr) or a local path",
+        )
+        if name == "layout":
+            cmd.add_argument(
+                "array",
+                metavar="ARRAY",
+                help="path of the zarr v3 array to switch within the hierarchy, e.g. 'group/array' "
+                "('/' for an array at the root)",
+            )
+        else:
+            cmd.add_argument(
+                "prefix",
+                metavar="PREFIX",
+                nargs="?",
+                default="",
+                help="only keys under this prefix, e.g. 'group/array' (default: the whole hierarchy)",
+            )
+        cmd.add_argument(
+            "--storage-options",
+            type=_json_object,
+            metavar="JSON",
+            help="file-system options for fsspec, a JSON object, e.g. '{\"anon\": true}'",
+        )
+        if name in _QUIET:
+            cmd.add_argument("-q", "--quiet", action="store_true", help=_QUIET[name])
         if name == "info":
-            cmd.add_argument("--json", action="store_true", help="machine-readable output")
+            cmd.add_argument("--json", action="store_true", help="machine-readable output: a JSON list")
+            cmd.add_argument(
+                "--write-strategy",
+                choices=["rewrite", "append"],
+                default="rewrite",
+                help="report, per array, the write strategy a store opened with this "
+                "write_strategy would use: 'append' only where the storage can append in place "
+                "(local files) and the shards keep their index at the end (default: %(default)s)",
+            )
         if name == "verify":
             cmd.add_argument(
                 "--decode",
@@ -289,24 +449,95 @@ def main(argv: list[str] | None = None) -> int:
                 "(a precomputed volume is recognised by its 'info' file without it)",
             )
         if name == "layout":
-            cmd.add_argument("--to", required=True, choices=["transformer", "codec"])
-    conv = sub.add_parser("convert", help="copy a hierarchy, re-sharded or un-sharded, chunk bytes unchanged")
-    conv.add_argument("src", help="source store URL")
-    conv.add_argument("dst", help="destination store URL (must be empty)")
-    conv.add_argument("--chunks-per-shard", help="e.g. 8,8: shard every array of that rank")
+            cmd.add_argument(
+                "--to",
+                required=True,
+                choices=["transformer", "codec"],
+                help="the layout to switch to: 'transformer' (shardstore's storage-transformer entry) "
+                "or 'codec' (standard sharding_indexed metadata that zarr, tensorstore and zarrs "
+                "read without shardstore)",
+            )
+    conv = sub.add_parser(
+        "convert",
+        help="copy a hierarchy, re-sharded or un-sharded, chunk bytes unchanged",
+        description="Copy a whole hierarchy into another store, re-sharded, un-sharded or re-laid;\n"
+        "chunk bytes are copied as they are. One writer per destination shard, on threads\n"
+        "or on a dask cluster (--scheduler). Resumable: run the same command again after an\n"
+        "interruption and the shards already complete (checked by their index) are skipped.\n"
+        "Prints arrays, chunks, shards written and skipped, objects and bytes before and\n"
+        "after, time and throughput.",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    conv.add_argument("src", metavar="SRC", help="source store: an fsspec URL or a local path")
+    conv.add_argument(
+        "dst",
+        metavar="DST",
+        help="destination store: an fsspec URL or a local path; empty, or holding an interrupted "
+        "conversion of SRC with the same options (resumed)",
+    )
+    conv.add_argument(
+        "--chunks-per-shard", metavar="N,N,...", help="e.g. 8,8: shard every array of that rank"
+    )
     conv.add_argument("--unshard", action="store_true", help="write plain chunks")
-    conv.add_argument("--layout", choices=["transformer", "codec"], default="transformer")
-    conv.add_argument("--index-location", choices=["end", "start"], default="end")
+    conv.add_argument(
+        "--layout",
+        choices=["transformer", "codec"],
+        default="transformer",
+        help="how sharded v3 arrays record their sharding: shardstore's storage-transformer entry, "
+        "or standard sharding_indexed metadata that zarr, tensorstore and zarrs read without "
+        "shardstore (default: %(default)s)",
+    )
+    conv.add_argument(
+        "--index-location",
+        choices=["end", "start"],
+        default="end",
+        help="where each shard keeps its index (default: %(default)s)",
+    )
     conv.add_argument("--index-checksum", action="store_true", help="crc32c over each shard index")
     conv.add_argument(
-        "--storage-options", type=_json_object, help="JSON object of the source's file-system options"
+        "--storage-options",
+        type=_json_object,
+        metavar="JSON",
+        help="JSON object of the source's file-system options",
     )
     conv.add_argument(
         "--dst-storage-options",
         type=_json_object,
+        metavar="JSON",
         help="JSON object of the destination's file-system options",
     )
-    args = parser.parse_args(argv)
+    conv.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="threads copying shards at once (default: one per CPU, at most 8); ignored with --scheduler",
+    )
+    conv.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="copy on the dask.distributed cluster of this scheduler (e.g. tcp://10.0.0.5:8786), one "
+        "task per destination shard; its workers must reach SRC and DST (local paths: a shared file "
+        "system). Needs pip install 'shardstore[dask]'",
+    )
+    conv.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="refuse a non-empty DST instead of resuming the interrupted conversion it holds",
+    )
+    conv.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar on stderr (the summary and the exit status stay)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; the exit status (see :data:`EXIT_STATUS`)."""
+    args = _parser().parse_args(argv)
     if args.command == "demo":
         from shardstore.demo import run_demo
 
@@ -320,13 +551,28 @@ def main(argv: list[str] | None = None) -> int:
         "convert": _convert,
     }
     try:
-        return handlers[args.command](args)
+        code = handlers[args.command](args)
+        sys.stdout.flush()  # a reader gone away shows here, not at exit
+        return code
     except ShardStoreError as exc:
-        print(f"shardstore {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return _failed(args.command, str(exc))
     except BrokenPipeError:  # the reader went away (``| head``): not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
         return 0
+    except OSError as exc:  # the storage failing outside shardstore's own wrapping
+        return _failed(args.command, f"I/O error: {type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        # zarr's event loop still holds the work cut short: no "Task was destroyed" or "never
+        # awaited" noise as it is collected at exit
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        warnings.simplefilter("ignore")
+        return _failed(args.command, "interrupted", 130)
+
+
+def _failed(command: str, message: str, code: int = 2) -> int:
+    """One line on stderr naming the command; the exit status."""
+    print(f"shardstore {command}: {' '.join(message.splitlines())}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -42,8 +42,9 @@ from shardstore.formats.precomputed import (
 )
 from shardstore.inner import InnerStore, adapt
 from shardstore.keys import join_path
-from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, load_document
+from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, Layout, load_document
 from shardstore.precomputed_store import PrecomputedShardedStore
+from shardstore.writing.writer import WriteStrategy
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress
@@ -80,7 +81,22 @@ __all__ = [
 ]
 
 Progress = Callable[[str, int, int], None]
-"""Called with what is being done ("shards" checked, "chunks" decoded), how many so far, of how many."""
+"""Called with the stage of the work ("shards" checked or compacted, "chunks" decoded),
+the bytes of it done so far, and its total bytes (cumulative: ``done`` only grows
+within a stage; a total may grow too, if objects grow while they are read).
+:class:`shardstore.progress.StageProgress` draws such calls as progress bars."""
+
+_SIZE_BATCH = 256
+"""Object sizes asked for at once (for a progress total)."""
+
+
+async def _sizes(inner: InnerStore, keys: list[str]) -> int:
+    """The total size of the objects ``keys`` (gone ones count 0)."""
+    total = 0
+    for start in range(0, len(keys), _SIZE_BATCH):
+        found = await asyncio.gather(*(inner.getsize(k) for k in keys[start : start + _SIZE_BATCH]))
+        total += sum(n for n in found if n is not None)
+    return total
 
 
 @dataclass(frozen=True)
@@ -211,20 +227,30 @@ async def shard_reports_async(store: ShardingStore, prefix: str = "") -> list[Sh
 
 
 async def compact_async(
-    store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1
+    store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1, progress: Progress | None = None
 ) -> list[ShardReport]:
     """Rewrite every intact shard under ``prefix`` with at least ``min_dead_bytes`` dead bytes.
 
     Returns the reports of the shards rewritten, as they were before, and of the
     damaged shards, left as they are (``damage`` set): rewriting one would keep
-    only what its broken index points at.
+    only what its broken index points at. ``progress`` is told of the bytes of the
+    shards rewritten (stage "shards"), as each is done.
     """
     if store.read_only:  # before surveying: as any write would
         raise ValueError("store was opened in read-only mode and does not support writing")
     shards, _ = await store.internals.shards_under(prefix)
     surveyed = await _survey(store, shards)
     doomed = [s for s in surveyed if s.index is not None and s.report.dead_bytes >= min_dead_bytes]
-    await asyncio.gather(*(store.internals.compact_shard(s.shard) for s in doomed))
+    total, done = sum(s.report.nbytes for s in doomed), 0
+
+    async def rewrite(surveyed: _Surveyed) -> None:
+        nonlocal done
+        await store.internals.compact_shard(surveyed.shard)
+        done += surveyed.report.nbytes
+        if progress is not None:
+            progress("shards", done, total)
+
+    await asyncio.gather(*(rewrite(s) for s in doomed))
     return [s.report for s in doomed] + [s.report for s in surveyed if s.index is None]
 
 
@@ -236,8 +262,10 @@ def shard_reports(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
     return sync(shard_reports_async(store, prefix))
 
 
-def compact(store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1) -> list[ShardReport]:
-    return sync(compact_async(store, prefix, min_dead_bytes=min_dead_bytes))
+def compact(
+    store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1, progress: Progress | None = None
+) -> list[ShardReport]:
+    return sync(compact_async(store, prefix, min_dead_bytes=min_dead_bytes, progress=progress))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -261,6 +289,15 @@ class ArrayReport:
     damaged: dict[str, str] = field(default_factory=dict)
     """Shards whose index cannot be trusted (key -> why): counted in ``shards`` and
     ``stored_bytes`` only."""
+    layout: Layout | None = None
+    """How its sharding is recorded: "transformer" (our storage-transformer entry) or
+    "codec" (standard ``sharding_indexed`` metadata); None where shardstore does not
+    shard it."""
+    write_strategy: WriteStrategy = "rewrite"
+    """How writes through the store would commit to its shards: "append" only where
+    the store asks for it, its inner store can append in place (local files) and the
+    array's shards can take appends (index at the end); else "rewrite" (unsharded
+    arrays: zarr rewrites each chunk object whole)."""
 
     @property
     def fill_ratio(self) -> float:
@@ -270,8 +307,16 @@ class ArrayReport:
         return {**asdict(self), "fill_ratio": self.fill_ratio}
 
 
-async def info_async(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
-    """Per array under ``prefix``: shards, chunks present, fill ratio, stored and dead bytes."""
+async def info_async(
+    store: ShardingStore, prefix: str = "", *, write_strategy: WriteStrategy | None = None
+) -> list[ArrayReport]:
+    """Per array under ``prefix``: shards, chunks present, fill ratio, stored and dead
+    bytes, layout, and the write strategy in effect for a store asking for
+    ``write_strategy`` (default: the strategy ``store`` was opened with)."""
+    if write_strategy not in (None, "rewrite", "append"):
+        raise ShardingConfigError(f"write_strategy={write_strategy!r}: choose 'rewrite' or 'append'")
+    asked = store.internals.write_strategy if write_strategy is None else write_strategy
+    appends = asked == "append" and store.internals.raw.capabilities.append
     shards, plain = await store.internals.shards_under(prefix)
     surveyed = await _survey(store, shards)
     arrays = sorted({k.rpartition("/")[0] for k in plain if k.rpartition("/")[2] in ARRAY_DOC_NAMES})
@@ -281,22 +326,24 @@ async def info_async(store: ShardingStore, prefix: str = "") -> list[ArrayReport
         if info is not None:
             mine = [s for s in surveyed if s.shard.info.path == path]
             reports.append(
-                await _array_report(store, info, mine, [k for k in plain if info.coords(k) is not None])
+                await _array_report(
+                    store, info, mine, [k for k in plain if info.coords(k) is not None], appends
+                )
             )
     return reports
 
 
 async def _array_report(
-    store: ShardingStore, info: ArrayInfo, shards: list[_Surveyed], chunk_keys: list[str]
+    store: ShardingStore, info: ArrayInfo, shards: list[_Surveyed], chunk_keys: list[str], appends: bool
 ) -> ArrayReport:
-    """``chunk_keys``: the array's chunk objects, if it is unsharded."""
+    """``chunk_keys``: the array's chunk objects, if it is unsharded; ``appends``:
+    whether the store would append to shards that can take it."""
+    fmt = info.shard_format
     objects = await asyncio.gather(*(store.getsize(k) for k in chunk_keys))
     return ArrayReport(
         path=info.path,
-        sharded=info.shard_format is not None,
-        chunks_per_shard=list(info.shard_format.chunks_per_shard)
-        if isinstance(info.shard_format, IndexedFormat)
-        else None,
+        sharded=fmt is not None,
+        chunks_per_shard=list(fmt.chunks_per_shard) if isinstance(fmt, IndexedFormat) else None,
         grid_chunks=int(np.prod(info.grid_shape)),
         chunks=len(chunk_keys)
         + sum(len(s.shard.present_keys(s.index)) for s in shards if s.index is not None),
@@ -304,11 +351,15 @@ async def _array_report(
         stored_bytes=sum(s.report.nbytes for s in shards) + sum(objects),
         dead_bytes=sum(s.report.dead_bytes for s in shards),
         damaged={s.report.key: s.report.damage for s in shards if s.report.damage is not None},
+        layout=None if fmt is None else info.form,
+        write_strategy="append" if appends and fmt is not None and fmt.appendable else "rewrite",
     )
 
 
-def info(store: ShardingStore, prefix: str = "") -> list[ArrayReport]:
-    return sync(info_async(store, prefix))
+def info(
+    store: ShardingStore, prefix: str = "", *, write_strategy: WriteStrategy | None = None
+) -> list[ArrayReport]:
+    return sync(info_async(store, prefix, write_strategy=write_strategy))
 
 
 # -- verify: the structural rules --------------------------------------------------------
@@ -385,9 +436,10 @@ _VERIFY_BATCH = 16
 """Whole shards read at once while verifying: requests in flight, memory bounded."""
 _DECODE_BATCH = 64
 """Chunks of an unsharded array decoded at once."""
-_Chunks = tuple[ArrayInfo, str | None, list[str]]
+_Chunks = tuple[ArrayInfo, str | None, list[str], int]
 """Chunk keys of one array decoded together: one shard's (and its key), or a batch of
-chunk objects (None)."""
+chunk objects (None); and their bytes (the shard's; chunk objects' only where
+progress is reported, else 0)."""
 
 
 async def verify_async(
@@ -401,7 +453,8 @@ async def verify_async(
     shards, plain = await store.internals.shards_under(prefix)
     damaged, readable = await _check_shards(store, shards, prefix, progress)
     if decode:
-        failed = await _undecodable(store, readable + await _plain_chunks(store, plain), progress)
+        plain_chunks = await _plain_chunks(store, plain, sized=progress is not None)
+        failed = await _undecodable(store, readable + plain_chunks, progress)
         for key, problem in failed.items():  # a chunk key may also be the key of a shard
             damaged[key] = f"{damaged[key]}; {problem}" if key in damaged else problem
     return damaged
@@ -417,29 +470,34 @@ async def _check_shards(
     sizes = {path: await _chunk_nbytes(store, info) for path, info in arrays.items()}
     damaged: dict[str, str] = {}
     readable: list[_Chunks] = []
+    total = 0 if progress is None else await _sizes(store.internals.raw, [s.key for s in shards])
+    done = 0
     for start in range(0, len(shards), _VERIFY_BATCH):
         batch = shards[start : start + _VERIFY_BATCH]
         checked = await asyncio.gather(
             *(_check_shard(store, s, sizes[s.info.path], s.key in journaled) for s in batch)
         )
-        for shard, (problems, keys) in zip(batch, checked, strict=True):
+        for shard, (problems, keys, nbytes) in zip(batch, checked, strict=True):
             if problems:
                 damaged[shard.key] = "shard: " + "; ".join(problems)
-            readable.append((shard.info, shard.key, keys))
+            readable.append((shard.info, shard.key, keys, nbytes))
+            done += nbytes
         if progress is not None:
-            progress("shards", start + len(batch), len(shards))
+            total = max(total, done)  # shards may grow while read
+            progress("shards", done, total)
     return damaged, readable
 
 
 async def _check_shard(
     store: ShardingStore, shard: ShardAddress, chunk_nbytes: int | None, journaled: bool
-) -> tuple[list[str], list[str]]:
-    """One shard's problems, and the keys of the chunks that reads can locate in it."""
+) -> tuple[list[str], list[str], int]:
+    """One shard's problems, the keys of the chunks that reads can locate in it, and
+    the bytes read."""
     # The size first: an append between the two only makes the shard read longer.
     size = await store.internals.raw.getsize(shard.key) if journaled else None
     blob = await store.internals.raw.get(shard.key)  # as committed
     if blob is None:
-        return [], []
+        return [], [], 0
     problems = shard.shard_format.problems(blob, shard.key, chunk_nbytes)
     if size is not None and size > len(blob):
         problems.append(
@@ -450,22 +508,27 @@ async def _check_shard(
     try:
         index = shard.shard_format.parse(blob, shard.key)
     except ShardFormatError as exc:  # reads refuse it: damage, whether or not a rule above names it
-        return problems or [str(exc)], []
-    return problems, [key for _, key in shard.present_keys(index)]
+        return problems or [str(exc)], [], len(blob)
+    return problems, [key for _, key in shard.present_keys(index)], len(blob)
 
 
-async def _plain_chunks(store: ShardingStore, keys: list[str]) -> list[_Chunks]:
-    """The chunk objects of unsharded arrays among ``keys``, grouped by array."""
-    by_array: dict[str, _Chunks] = {}
+async def _plain_chunks(store: ShardingStore, keys: list[str], *, sized: bool = False) -> list[_Chunks]:
+    """The chunk objects of unsharded arrays among ``keys``, grouped by array; with
+    ``sized``, each group's bytes are counted (else 0)."""
+    by_array: dict[str, tuple[ArrayInfo, list[str]]] = {}
     for key in keys:
         info = await store.internals.array_of_key(key)
         coords = None if info is None else info.coords(key)
         if info is not None and coords is not None and info.in_grid(coords):
-            by_array.setdefault(info.path, (info, None, []))[2].append(key)
-    return [
-        (info, None, found[i : i + _DECODE_BATCH])
-        for info, _, found in by_array.values()
+            by_array.setdefault(info.path, (info, []))[1].append(key)
+    groups = [
+        (info, found[i : i + _DECODE_BATCH])
+        for info, found in by_array.values()
         for i in range(0, len(found), _DECODE_BATCH)
+    ]
+    return [
+        (info, None, batch, await _sizes(store.internals.raw, batch) if sized else 0)
+        for info, batch in groups
     ]
 
 
@@ -475,8 +538,8 @@ async def _undecodable(
     """What zarr cannot decode, every one: chunk key (or array, if zarr cannot open it) -> why."""
     arrays: dict[str, Any] = {}
     failed: dict[str, str] = {}
-    done, total = 0, sum(len(keys) for _, _, keys in groups)
-    for info, shard, keys in groups:
+    done, total = 0, sum(nbytes for *_, nbytes in groups)
+    for info, shard, keys, nbytes in groups:
         if info.path not in arrays:
             arrays[info.path] = await _open_array(store, info.path)
         arr = arrays[info.path]
@@ -486,7 +549,7 @@ async def _undecodable(
             where = "" if shard is None else f" (stored in shard {shard!r})"
             found = await asyncio.gather(*(_decode_chunk(arr, info, key, where) for key in keys))
             failed.update(f for f in found if f is not None)
-        done += len(keys)
+        done += nbytes
         if progress is not None:
             progress("chunks", done, total)
     return failed
@@ -890,6 +953,10 @@ async def verify_precomputed_async(
         for name in await scale.store.shard_keys()
     ]
     damaged: dict[str, str] = {}
+    total, done = 0, 0
+    if progress is not None:
+        for scale in {id(scale): scale for scale, _ in todo}.values():
+            total += await _sizes(scale.inner, [name for s, name in todo if s is scale])
     for start in range(0, len(todo), _VERIFY_BATCH):
         batch = todo[start : start + _VERIFY_BATCH]
         blobs = await asyncio.gather(*(scale.inner.get(name) for scale, name in batch))
@@ -898,11 +965,13 @@ async def verify_precomputed_async(
             key = scale.key(name)
             if blob is None:
                 continue  # deleted since it was listed
+            done += len(blob)
             problems = shard_problems(scale.store.sharding, blob, key)
             if problems:
                 damaged[key] = "shard: " + "; ".join(problems)
         if progress is not None:
-            progress("shards", start + len(batch), len(todo))
+            total = max(total, done)
+            progress("shards", done, total)
     return damaged
 
 
