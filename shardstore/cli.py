@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from typing import Any, NoReturn
 
@@ -535,6 +536,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """Warnings the store gives (a fallback, an array left unsharded) as one line
+    each on stderr, like the command's other messages: no source lines."""
+
+    def show(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+        print(f"shardstore {command}: {category.__name__}: {message}", file=sys.stderr)
+
+    shown, warnings.showwarning = warnings.showwarning, show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; the exit status (see :data:`EXIT_STATUS`)."""
     args = _parser().parse_args(argv)
@@ -551,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         "convert": _convert,
     }
     try:
-        code = handlers[args.command](args)
+        with _warnings_as_lines(args.command):
+            code = handlers[args.command](args)
         sys.stdout.flush()  # a reader gone away shows here, not at exit
         return code
     except ShardStoreError as exc:

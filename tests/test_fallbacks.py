@@ -64,3 +64,18 @@ def test_commits_retries_and_read_decisions_are_logged_at_debug(caplog: pytest.L
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("shardstore")]
     assert any(m.startswith("commit 'a/c/0/0'") for m in messages)
     assert any(m.startswith("read ") and "shard(s)" in m for m in messages)
+
+
+@pytest.mark.filterwarnings("always::shardstore.errors.UnshardedArrayWarning")
+def test_the_command_line_says_a_warning_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardstore.cli import main
+
+    src = zarr.open_group(str(tmp_path / "src"), mode="w")
+    src.create_array("lat", shape=(16,), chunks=(4,), dtype="f4")[:] = 1.0
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--chunks-per-shard", "2,2"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if "UnshardedArrayWarning" in ln]
+    assert line.startswith("shardstore convert: UnshardedArrayWarning: array 'lat'")
+    assert "self._note_unsharded" not in err  # no source line
