@@ -342,7 +342,7 @@ exit status:
        no zarr hierarchy there, an unknown protocol, an I/O error)
   130  interrupted (Ctrl-C)
 
-A closed output pipe (`shardstore ls URL | head`) is not an error. verify and
+A closed output pipe (`shardstore ls URL | head`) is not an error. convert, verify and
 compact draw progress bars on stderr when it is a terminal and tqdm is installed
 (pip install 'shardstore[progress]'); --quiet turns them off.
 """
