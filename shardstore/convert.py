@@ -34,7 +34,6 @@ import asyncio
 import concurrent.futures
 import os
 import pickle
-import sys
 import threading
 import time
 import uuid
@@ -46,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import sync
 
+from shardstore import progress as bars
 from shardstore.addressing import ShardAddress, locate
 from shardstore.errors import ShardFormatError, ShardingConfigError, ShardStoreError
 from shardstore.formats.base import ChunkTable, table_entry
@@ -574,35 +574,20 @@ async def convert_async(
 
 @contextmanager
 def terminal_progress(enabled: bool | None = None, file: TextIO | None = None) -> Iterator[Progress | None]:
-    """A tqdm bar of the bytes copied, for :func:`convert`'s ``progress``: drawn on
-    ``file`` (default stderr) when ``enabled``, or by default when it is a terminal;
-    None (nothing written, no counters in pipes or logs) otherwise or without tqdm."""
-    stream = sys.stderr if file is None else file
-    if enabled is None:
-        try:
-            enabled = stream.isatty()
-        except (AttributeError, ValueError):
-            enabled = False
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        enabled = False
-    if not enabled:
+    """A bar of the bytes copied (:func:`shardstore.progress.progress`), for
+    :func:`convert`'s ``progress``: drawn on ``file`` (default stderr) when
+    ``enabled``, or by default when it is a terminal; None (nothing written, no
+    counters in pipes or logs) otherwise or without tqdm."""
+    if not bars.wanted(enabled, file):
         yield None
         return
-    bar = tqdm(
-        total=None, desc="converting", file=stream, unit="B", unit_scale=True, unit_divisor=1024, leave=False
-    )
-    shown = 0
+    with bars.progress(None, "converting", enabled, file=file) as bar:
+        shown = 0
 
-    def update(done: int, total: int) -> None:
-        nonlocal shown
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - shown)
-        shown = done
+        def update(done: int, total: int) -> None:
+            nonlocal shown
+            bar.set_total(total)
+            bar.update(done - shown)
+            shown = done
 
-    try:
         yield update
-    finally:
-        bar.close()
