@@ -27,7 +27,13 @@ from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from shardstore.errors import InnerStoreError, ShardFormatError, ShardingConfigError, ShardStoreError
+from shardstore.errors import (
+    InnerStoreError,
+    ReadOnlyError,
+    ShardFormatError,
+    ShardingConfigError,
+    ShardStoreError,
+)
 from shardstore.formats.base import ChunkTable
 from shardstore.formats.indexed import MISSING, IndexedFormat, ShardIndex
 from shardstore.formats.precomputed import (
@@ -237,7 +243,7 @@ async def compact_async(
     shards rewritten (stage "shards"), as each is done.
     """
     if store.read_only:  # before surveying: as any write would
-        raise ValueError("store was opened in read-only mode and does not support writing")
+        raise ReadOnlyError(f"store was opened in read-only mode and does not support writing: {store!r}")
     shards, _ = await store.internals.shards_under(prefix)
     surveyed = await _survey(store, shards)
     doomed = [s for s in surveyed if s.index is not None and s.report.dead_bytes >= min_dead_bytes]

@@ -423,8 +423,9 @@ class ShardingPolicy:
         cps = self.chunks_per_shard
         if cps is None:
             return None
-        if isinstance(cps, ShardFormat):
-            chosen: Any = cps
+        if isinstance(cps, ShardFormat):  # an indexed one, as a sequence: its rank only
+            same_rank = not isinstance(cps, IndexedFormat) or len(cps.chunks_per_shard) == ndim
+            chosen: Any = cps if same_rank else None
         elif callable(cps):
             chosen = cps(path, doc)
         elif isinstance(cps, Mapping):
@@ -435,6 +436,8 @@ class ShardingPolicy:
             return None
         if isinstance(chosen, PrecomputedSharding):
             return check_zarr_view(path, chosen)
+        if isinstance(chosen, IndexedFormat):
+            return check_rank(path, chosen, ndim)
         if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
             raise ShardingConfigError(f"array {path or '/'!r}: chunks_per_shard {chosen!r} is not a sequence")
         where = f"array {path or '/'!r}"

@@ -56,8 +56,10 @@ class StoreOptions:
     read touches whole, into a shard cache of ``shard_cache_bytes``, so the rest
     of a slab or whole-array read costs no request; ``"auto"`` is ``"shard"`` on
     remote stores (shards up to 64 MiB uncompressed), fetches a local file's shard
-    whole once it is read a third time within a second (up to 16 MiB), and is
-    ``"chunk"`` on in-memory stores.
+    whole once it is read a third time within a second (up to 16 MiB). In-memory
+    stores read shards whole whatever the strategy (a range read there could meet
+    a newer shard than its index came from), caching them only with ``"shard"``
+    or ``index_cache="trust"``.
     ``index_cache``: ``"auto"`` caches what a read can check for free (local
     files: indices by version in the same read, whole shards by a ``stat``) and
     elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
@@ -131,7 +133,7 @@ class ReadPolicy:
             whole = "always"
         elif options.read_strategy == "auto" and mode != "off":
             # remote: on first read, served for cache_max_age; local files: on a repeated
-            # read, its version checked by every later read; in memory: ranges, nothing cached
+            # read, its version checked by every later read; in memory: whole shards, uncached
             if can.remote:
                 whole = "always"
             elif can.versions:

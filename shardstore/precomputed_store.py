@@ -195,8 +195,9 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         of a shard replaced in between are read again, up to STALE_READS times."""
         found: dict[tuple[str, int], tuple[Minishard, Hashable | None]] = {}
         missing = []
+        versions: dict[str, Hashable | None] = {}
         for where in sorted(wanted):
-            cached = self._cached(where)
+            cached = self._cached(where, versions)
             if cached is None:
                 missing.append(where)
             else:
@@ -265,13 +266,19 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
 
     # -- the minishard index cache -------------------------------------------------
 
-    def _cached(self, where: tuple[str, int]) -> tuple[Minishard, Hashable | None] | None:
+    def _cached(
+        self, where: tuple[str, int], versions: dict[str, Hashable | None]
+    ) -> tuple[Minishard, Hashable | None] | None:
+        """A cached minishard index still valid: its shard at the version it was read
+        at (one ``stat`` per shard and call, in ``versions``) or young enough."""
         entry = self._minishards.get(where)
         if entry is None:
             return None
         table, version, fetched = entry
         if self._inner.capabilities.versions:
-            fresh = self._inner.version(where[0]) == version
+            if where[0] not in versions:
+                versions[where[0]] = self._inner.version(where[0])
+            fresh = versions[where[0]] == version
         else:
             fresh = time.monotonic() - fetched <= self._max_age
         if not fresh:

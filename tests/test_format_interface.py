@@ -68,3 +68,20 @@ def test_precomputed_ids_of_one_shard_land_in_it() -> None:
     shards, _ = locate_ids(fmt, ids)
     mine = {int(i): b"x" for i in ids[shards == 2]}
     assert fmt.split(fmt.build(mine), "2.shard") == mine
+
+
+def test_an_indexed_format_can_be_given_as_the_sharding_of_new_arrays() -> None:
+    import zarr
+
+    from shardstore import ShardingStore
+
+    backing: dict[str, bytes] = {}
+    store = ShardingStore(backing, IndexedFormat((2, 2), "start", True))
+    zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1")[:] = 3
+    zarr.create_array(store, name="line", shape=(8,), chunks=(2,), dtype="u1")[:] = 1  # other rank: plain
+    by_path = ShardingStore(backing, {"b": IndexedFormat((4, 1))})
+    zarr.create_array(by_path, name="b", shape=(8, 8), chunks=(2, 2), dtype="u1")[:] = 5
+    assert sorted(k for k in backing if k.startswith("a/c/")) == ["a/c/0/0", "a/c/0/1", "a/c/1/0", "a/c/1/1"]
+    assert sorted(k for k in backing if k.startswith("b/c/")) == [f"b/c/0/{j}" for j in range(4)]
+    assert len([k for k in backing if k.startswith("line/c/")]) == 4
+    assert (zarr.open_array(ShardingStore(backing), path="a")[:] == 3).all()

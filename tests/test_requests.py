@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import zarr
@@ -147,3 +148,26 @@ async def test_a_corrupt_shard_fails_only_its_own_reads() -> None:
     )
     assert results[0] is not None and results[2] is not None
     assert isinstance(results[1], ShardFormatError) and "a/c/1/1" in str(results[1])
+
+
+async def test_a_warm_read_sends_no_empty_batch_to_the_inner_store(tmp_path: Path) -> None:
+    """Cached indices: the read goes straight to its ranges, no empty calls (each is a
+    task and, on local files, a thread hop)."""
+    from shardstore.inner import LocalInner
+    from shardstore.inner.delegating import DelegatingInner
+
+    class Calls(DelegatingInner):
+        sizes: ClassVar[list[int]] = []
+
+        async def get_many_versioned(self, requests: Any, expected: Any) -> Any:
+            self.sizes.append(len(requests))
+            return await self.inner.get_many_versioned(requests, expected)
+
+    inner = Calls(LocalInner(tmp_path))
+    store = ShardingStore(inner, chunks_per_shard=(4, 4), read_strategy="chunk")
+    arr = await zarr.api.asynchronous.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u1")
+    await arr.setitem(slice(None), 7)
+    await arr.getitem((slice(0, 2), slice(0, 2)))  # the index is read and cached
+    inner.sizes.clear()
+    await arr.getitem((slice(2, 4), slice(0, 2)))
+    assert inner.sizes and 0 not in inner.sizes

@@ -30,7 +30,6 @@ __all__ = [
     "IndexLocation",
     "IndexedFormat",
     "ShardIndex",
-    "chunk_range",
     "index_problem",
     "parse_index_codecs",
     "present_positions",
@@ -349,7 +348,7 @@ def index_problem(index: ShardIndex) -> str | None:
     """What makes an index inconsistent in itself, whatever the shard's size (None:
     nothing): an entry with one field marked empty, an absurdly large range, or
     ranges of two chunks sharing bytes (each chunk owns its bytes). Empty chunks
-    are data here; :func:`shard_problems` also judges them, and the object's size."""
+    are data here; :meth:`IndexedFormat.problems` also judges them, and the object's size."""
     present, half, impossible = _entry_masks(index)
     if half.any():
         return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
@@ -357,12 +356,6 @@ def index_problem(index: ShardIndex) -> str | None:
         return f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
     overlaps = _overlaps(index, np.flatnonzero(present & (index[:, 1] > 0)))
     return overlaps[0] if overlaps else None
-
-
-def chunk_range(index: ShardIndex, position: int) -> tuple[int, int] | None:
-    """``(offset, nbytes)`` of the chunk at ``position``, None where absent."""
-    offset, nbytes = (int(v) for v in index[position])
-    return None if offset == MISSING else (offset, nbytes)
 
 
 def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:

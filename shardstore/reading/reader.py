@@ -19,8 +19,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Any
 
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import ShardConflictError, ShardFormatError
@@ -38,10 +39,8 @@ __all__ = ["ShardReader"]
 log = logging.getLogger(__name__)
 
 
-def index_request(layout: IndexedFormat) -> ByteRequest:
-    if layout.index_location == "start":
-        return RangeByteRequest(0, layout.index_nbytes)
-    return SuffixByteRequest(layout.index_nbytes)
+async def _nothing() -> list[Any]:
+    return []
 
 
 def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
@@ -412,12 +411,16 @@ class ShardReader:
                 whole.append(shard)
             else:
                 indexed.append((shard, shard.indexed))
+        if not indexed and not whole:  # all cached: the common warm read, no task, no thread hop
+            return found
         sent = time.monotonic()
         raws, fetched = await asyncio.gather(
             self._inner.get_many_versioned(
                 [(s.key, fmt.index_request()) for s, fmt in indexed], [None] * len(indexed)
-            ),
-            self.fetch_shards(whole),
+            )
+            if indexed
+            else _nothing(),
+            self.fetch_shards(whole) if whole else _nothing(),
         )
         for (shard, fmt), (raw, version) in zip(indexed, raws, strict=True):
             index = None if raw is None else fmt.decode_index(raw, shard.key)
