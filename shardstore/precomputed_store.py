@@ -37,7 +37,7 @@ from shardstore.formats.precomputed import (
 )
 from shardstore.inner import STALE, InnerStore, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
-from shardstore.reading.reader import STALE_READS
+from shardstore.reading.reader import MERGE_GAP, STALE_READS, merge_ranges
 
 __all__ = ["PrecomputedShardedStore"]
 
@@ -258,11 +258,31 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         self, requests: list[tuple[str, RangeByteRequest]], expected: list[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
         """Range reads with the versions read, each refused (STALE) if its object is
-        no longer at the version expected."""
+        no longer at the version expected. Nearby ranges of one object (at one expected
+        version) are read as one request, as the indexed reader does."""
         if not requests:
             return []
+        groups: dict[tuple[str, Hashable | None], list[tuple[int, int, int]]] = {}
+        for slot, ((key, r), version) in enumerate(zip(requests, expected, strict=True)):
+            groups.setdefault((key, version), []).append((slot, r.start, r.end))
+        spans = [
+            (where, span) for where, ranges in groups.items() for span in merge_ranges(ranges, MERGE_GAP)
+        ]
         with failure("read", requests[0][0]):
-            return list(await self._inner.get_many_versioned(requests, expected))
+            read = await self._inner.get_many_versioned(
+                [(key, RangeByteRequest(span[0], span[1])) for (key, _), span in spans],
+                [version for (_, version), _ in spans],
+            )
+        out: list[tuple[bytes | None, Hashable | None]] = [(None, None)] * len(requests)
+        for (_, (span_start, _, members)), (value, seen) in zip(spans, read, strict=True):
+            for slot, start, stop in members:
+                part = (
+                    value
+                    if value is None or value is STALE
+                    else value[start - span_start : stop - span_start]
+                )
+                out[slot] = (part, seen)
+        return out
 
     # -- the minishard index cache -------------------------------------------------
 

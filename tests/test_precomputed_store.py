@@ -770,18 +770,15 @@ async def test_a_read_of_several_shards_retries_only_the_shard_that_changed(tmp_
     assert len(shards) == 2
     writer = PrecomputedShardedStore(str(tmp_path), sharding)
     real = kv.raw.get_many_versioned
-    state = {"reads": 0, "replaced": 0}
+    state = {"round": 0, "replaced": 0}
 
     async def replace_one_shard_before_each_data_read(requests: Any, expected: Any) -> Any:
-        data_round = any(e is not None for e in expected) and all(
-            r.end - r.start == 3
-            for _, r in requests  # the 3-byte chunks, not an index
-        )
-        if data_round and state["replaced"] < 20:  # more than STALE_READS: every try meets one
+        # each try: shard index entries (no version expected), minishard indices, data
+        state["round"] = 0 if all(e is None for e in expected) else state["round"] + 1
+        if state["round"] == 2 and state["replaced"] < 20:  # more than STALE_READS: every try meets one
             victim = shards[state["replaced"] % 2]
             state["replaced"] += 1
             await writer.update_many({i: b"new" for i in ids if shard_of[i] == victim})
-        state["reads"] += 1
         return await real(requests, expected)
 
     kv.raw.get_many_versioned = replace_one_shard_before_each_data_read  # type: ignore[method-assign]
@@ -789,3 +786,15 @@ async def test_a_read_of_several_shards_retries_only_the_shard_that_changed(tmp_
     assert state["replaced"] >= 2  # both shards changed under the read at least once
     assert all(v in (b"old", b"new") for v in values)
     assert {values[i] for i in ids if shard_of[i] == shards[0]} in ({b"old"}, {b"new"})
+
+
+async def test_nearby_chunks_of_a_shard_are_read_as_one_range(tmp_path: Path) -> None:
+    sharding = PrecomputedSharding(0, "identity", 0, 0)  # one minishard: the chunks lie side by side
+    await PrecomputedShardedStore(str(tmp_path), sharding).update_many({i: b"x" * 100 for i in range(500)})
+    counted = CountingInner(str(tmp_path))
+    kv = PrecomputedShardedStore(counted, sharding)
+    assert await kv.get_many(range(500)) == [b"x" * 100] * 500
+    assert counted.counts.reads == 3  # shard index entry, minishard index, every chunk in one span
+    counted.counts.reset()
+    await kv.get_many(range(0, 500, 7))
+    assert counted.counts.reads == 1
