@@ -37,7 +37,7 @@ from shardstore.formats.precomputed import (
 )
 from shardstore.inner import STALE, InnerStore, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
-from shardstore.reading.reader import MERGE_GAP, STALE_READS, merge_ranges
+from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges
 
 __all__ = ["PrecomputedShardedStore"]
 
@@ -175,7 +175,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             if not changed:
                 return out
             for key in changed:
-                self._forget(key)
+                self.forget(key)
             pending = [slot for slot in pending if keys[slot] in changed]
             for slot in pending:
                 out[slot] = None
@@ -245,7 +245,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                     f"{place.stop}) lies past the end of the object ({got} of its {len(place)} bytes there)"
                 )
             if raw is STALE or raw is None or len(raw) != len(place):
-                self._forget(key)
+                self.forget(key)
                 again.append((key, m))
                 continue
             rows = decode_minishard_index(self.sharding, raw, key)
@@ -316,7 +316,8 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         if len(self._minishards) > _MINISHARDS_CACHED:
             self._minishards.popitem(last=False)
 
-    def _forget(self, shard_key: str) -> None:
+    def forget(self, shard_key: str) -> None:
+        """Drop what is cached of a shard (it was written elsewhere in this process)."""
         for where in [w for w in self._minishards if w[0] == shard_key]:
             del self._minishards[where]
 
@@ -349,7 +350,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             with failure("commit", key):
                 await self._inner.update(key, change, attempts=self._attempts)
         finally:
-            self._forget(key)
+            self.forget(key)
 
     # -- listing -------------------------------------------------------------------
 

@@ -166,7 +166,7 @@ def test_garbage_never_escapes_as_other_errors(garbage: bytes) -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(1, 50)), max_size=30), st.integers(0, 100))
 def test_merge_ranges_covers_every_range_and_keeps_gaps(pairs: list[tuple[int, int]], gap: int) -> None:
-    from shardstore.reading.reader import merge_ranges
+    from shardstore.reading.ranges import merge_ranges
 
     ranges = [(i, start, start + length) for i, (start, length) in enumerate(pairs)]
     spans = merge_ranges(ranges, gap)

@@ -135,3 +135,35 @@ def test_the_command_line_sees_the_chunks_and_their_damage(
     shard.write_bytes(shard.read_bytes()[:-5])
     assert main(["verify", str(tmp_path)]) == 1
     assert "vol/c/1.shard" in capsys.readouterr().out
+
+
+def test_a_chunk_read_reads_its_minishard_not_the_whole_shard(tmp_path: Path) -> None:
+    from shardstore.instrument import CountingInner
+
+    store = ShardingStore(str(tmp_path), chunks_per_shard=SHARDINGS[1])
+    written = zarr.create_array(
+        store, name="vol", shape=DATA.shape, chunks=(8, 8, 8), dtype="u2", compressors=None
+    )
+    written[:] = DATA
+    counted = CountingInner(str(tmp_path))
+    arr = zarr.open_array(ShardingStore(counted, read_strategy="chunk"), path="vol")
+    counted.counts.reset()
+    np.testing.assert_array_equal(arr[0:8, 0:8, 0:8], DATA[0:8, 0:8, 0:8])
+    cold = counted.counts
+    assert cold.reads == 3  # shard index entry, minishard index, the chunk
+    assert cold.bytes_read < 2 * 8 * 8 * 8 * 2  # about one chunk: not the shard
+    counted.counts.reset()
+    np.testing.assert_array_equal(arr[8:16, 0:8, 0:8], DATA[8:16, 0:8, 0:8])
+    assert counted.counts.reads <= 3  # another minishard, perhaps: never the whole shard
+    counted.counts.reset()
+    np.testing.assert_array_equal(arr[0:8, 0:8, 0:8], DATA[0:8, 0:8, 0:8])
+    assert counted.counts.reads == 1  # warm: the cached minishard index locates it
+
+
+def test_a_write_through_the_store_is_seen_by_its_next_read(tmp_path: Path) -> None:
+    store = ShardingStore(str(tmp_path), chunks_per_shard=SHARDINGS[1], index_cache="trust")
+    arr = zarr.create_array(store, name="vol", shape=(32, 32), chunks=(8, 8), dtype="u1")
+    arr[:] = 1
+    assert (arr[:8, :8] == 1).all()  # minishard indices cached (trusted)
+    arr[:8, :8] = 2
+    assert (arr[:8, :8] == 2).all() and (arr[8:, :] == 1).all()

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest
+from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import ShardConflictError, ShardFormatError
@@ -29,10 +29,14 @@ from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.formats.indexed import (
     IndexedFormat,
 )
-from shardstore.inner import STALE, InnerStore
+from shardstore.formats.precomputed import PrecomputedSharding
+from shardstore.inner import STALE, InnerStore, slice_range
 from shardstore.inner.base import NOT_MODIFIED
+from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
+from shardstore.precomputed_store import PrecomputedShardedStore
 from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
+from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges, sub_range
 
 __all__ = ["ShardReader"]
 
@@ -43,40 +47,6 @@ async def _nothing() -> list[Any]:
     return []
 
 
-def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
-    """Absolute [start, stop) of a byte request on a chunk stored at [offset, offset + nbytes)."""
-    if byte_range is None:
-        lo, hi = 0, nbytes
-    elif isinstance(byte_range, RangeByteRequest):
-        lo, hi = min(byte_range.start, nbytes), min(byte_range.end, nbytes)
-    elif isinstance(byte_range, OffsetByteRequest):
-        lo, hi = min(byte_range.offset, nbytes), nbytes
-    else:
-        lo, hi = nbytes - min(byte_range.suffix, nbytes), nbytes
-    return offset + lo, offset + max(hi, lo)
-
-
-MERGE_GAP = 64 * 1024
-"""Ranges of one shard closer than this are read as one request: a request costs more
-than reading a few unwanted bytes, on object stores by far."""
-
-
-def merge_ranges(
-    ranges: list[tuple[int, int, int]], gap: int
-) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
-    """Group (slot, start, stop) ranges into spans (start, stop, members), merging
-    ranges whose distance is at most ``gap`` (overlapping and shared ranges too)."""
-    spans: list[tuple[int, int, list[tuple[int, int, int]]]] = []
-    for member in sorted(ranges, key=lambda r: r[1]):
-        _, start, stop = member
-        if spans and start - spans[-1][1] <= gap:
-            span_start, span_stop, members = spans[-1]
-            spans[-1] = (span_start, max(span_stop, stop), [*members, member])
-        else:
-            spans.append((start, stop, [member]))
-    return spans
-
-
 _Fetched = tuple[ShardSnapshot | None, Exception | None]
 """A whole-shard fetch's outcome, shared with the reads that joined it."""
 
@@ -85,9 +55,6 @@ REPEAT_WINDOW = 1.0
 """``"repeat"``: the REPEAT_READS-th batch to read a shard, each within this many
 seconds of the last, fetches it whole (a slab reads a shard once or twice; a
 whole-array or random read pass comes back to it again and again)."""
-STALE_READS = 8
-"""Range reads whose shard changed since its index was read are retried (with a fresh
-index) this many times, then fail: never reported absent."""
 _TOUCHES = 4096
 """Shards whose recent reads are remembered for "repeat"."""
 _CHANGES = 65536
@@ -114,6 +81,7 @@ class ShardReader:
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._changed: OrderedDict[str, float] = OrderedDict()
+        self._id_stores: dict[str, PrecomputedShardedStore] = {}  # by an array's chunk prefix
 
     def cache_usage(self) -> dict[str, tuple[int, int]]:
         """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
@@ -130,6 +98,9 @@ class ShardReader:
                 self._changed.popitem(last=False)
         self._indices.drop(shard_key)
         self._shards.drop(shard_key)
+        for prefix, store in list(self._id_stores.items()):
+            if shard_key.startswith(prefix):
+                store.forget(shard_key[len(prefix) :])
 
     def _cacheable(self, shard_key: str, sent: float) -> bool:
         """Whether a read sent at ``sent`` saw the shard as it is now, as far as this
@@ -148,6 +119,7 @@ class ShardReader:
         whole: list[tuple[ShardAddress, list[int]]] = []
         recheck: list[tuple[ShardAddress, list[int], ShardSnapshot]] = []
         ranged: list[int] = []
+        by_id: list[int] = []
         for key, members in by_shard.items():
             shard = chunks[members[0]][0].shard
             snapshot = self._cached(key)
@@ -159,6 +131,8 @@ class ShardReader:
                 recheck.append((shard, members, kept))
             elif self._wants_whole(shard, {chunks[i][0].position for i in members}):
                 whole.append((shard, members))
+            elif shard.indexed is None:
+                by_id.extend(members)
             else:
                 ranged.extend(members)
         if log.isEnabledFor(logging.DEBUG):
@@ -176,9 +150,47 @@ class ShardReader:
             self._read_whole(whole, chunks, results) if whole else None,
             self._revalidated(recheck, chunks, results) if recheck else None,
             self._read_ranges(ranged, chunks, results) if ranged else None,
+            self._read_chunk_ids(by_id, chunks, results) if by_id else None,
         ]
         await asyncio.gather(*(r for r in rounds if r is not None))
         return results
+
+    async def _read_chunk_ids(
+        self,
+        todo: list[int],
+        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        results: list[bytes | None],
+    ) -> None:
+        """Chunks of shards keyed by chunk id (the neuroglancer format), read as its
+        key-value store reads them: shard index entry, minishard index (cached), data
+        ranges, every shard of an array in the same rounds."""
+        arrays: dict[str, list[int]] = {}
+        for i in todo:
+            arrays.setdefault(chunks[i][0].shard.info.chunk_prefix, []).append(i)
+
+        async def read(members: list[int]) -> None:
+            values = await self._id_store(chunks[members[0]][0].shard).get_many(
+                [chunks[i][0].position for i in members]
+            )
+            for i, value in zip(members, values, strict=True):
+                results[i] = None if value is None else slice_range(value, chunks[i][1])
+
+        await asyncio.gather(*(read(members) for members in arrays.values()))
+
+    def _id_store(self, shard: ShardAddress) -> PrecomputedShardedStore:
+        """The key-value store over the directory of an array's chunk-id shards."""
+        prefix, fmt = shard.info.chunk_prefix, shard.shard_format
+        with self._lock:
+            store = self._id_stores.get(prefix)
+            if store is None or store.sharding != fmt:
+                assert isinstance(fmt, PrecomputedSharding)
+                store = PrecomputedShardedStore(
+                    SubdirectoryInner(self._inner, prefix),
+                    fmt,
+                    cache_max_age=float("inf") if self._max_age is None else self._max_age,
+                )
+                self._id_stores[prefix] = store
+            return store
 
     def _cached(self, key: str) -> ShardSnapshot | None:
         snapshot = self._shards.get(key)
@@ -195,12 +207,12 @@ class ShardReader:
         return snapshot
 
     def _wants_whole(self, shard: ShardAddress, positions: set[int]) -> bool:
-        if shard.indexed is None:
-            return True  # chunk ids: whole shards (the key-value store reads them by ranges)
         nominal = shard.info.nominal_shard_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
         if small and (self._whole == "always" or (self._whole == "repeat" and self._repeated(shard.key))):
             return True
+        if shard.indexed is None:
+            return False  # chunk ids: read by minishard indices, see _read_chunk_ids
         if self._indices.get(shard.key) is not None:
             return False  # the index is known: merged ranges read no more than needed
         return 2 * len(positions) >= len(shard.in_grid_positions())
