@@ -24,6 +24,7 @@ from importlib.metadata import version
 from typing import Any, NoReturn
 
 from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
+from shardstore.metadata import ROOT_DOCUMENTS
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -48,11 +49,8 @@ def _sharding_json(text: str) -> dict[str, Any]:
     return _json_object(text)
 
 
-_ROOT_DOCUMENTS = ("zarr.json", ".zgroup", ".zarray")
-
-
 def _no_zarr(url: str) -> str:
-    return f"no zarr hierarchy at {url!r} (no {', '.join(_ROOT_DOCUMENTS)} at its root)"
+    return f"no zarr hierarchy at {url!r} (no {', '.join(ROOT_DOCUMENTS)} at its root)"
 
 
 def _nothing_there(url: str, storage_options: dict[str, Any] | None) -> str | None:
@@ -92,7 +90,7 @@ def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     store = _opened(lambda: ShardingStore(args.url, storage_options=args.storage_options, **kwargs), args.url)
 
     async def root_found() -> bool:
-        return any(await asyncio.gather(*(store.exists(name) for name in _ROOT_DOCUMENTS)))
+        return any(await asyncio.gather(*(store.exists(name) for name in ROOT_DOCUMENTS)))
 
     try:
         found = sync(root_found())

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.indexed import IndexedFormat
+from shardstore.formats.indexed import IndexedFormat, is_codec
 
 __all__ = [
     "CodecForm",
@@ -45,10 +45,6 @@ class CodecForm:
     """Why the array's inner chunks are not byte ranges we can serve (None: they are)."""
 
 
-def _is_codec(entry: Any, name: str) -> bool:
-    return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
-
-
 def _config(entry: Any) -> Document:
     config = entry.get("configuration") if isinstance(entry, dict) else None
     return config if isinstance(config, dict) else {}
@@ -58,7 +54,7 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
     """None unless ``doc`` is a v3 array using the sharding codec; else its inner
     geometry and shard layout, or the reason it cannot be served as plain chunks."""
     codecs = doc.get("codecs")
-    if not isinstance(codecs, list) or not any(_is_codec(c, SHARDING_CODEC) for c in codecs):
+    if not isinstance(codecs, list) or not any(is_codec(c, SHARDING_CODEC) for c in codecs):
         return None
     if len(codecs) != 1:
         return CodecForm(
@@ -68,7 +64,7 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
     config = _config(codecs[0])
     inner_codecs = config.get("codecs")
     grid = doc.get("chunk_grid")
-    shard_shape = _config(grid).get("chunk_shape") if _is_codec(grid, "regular") else None
+    shard_shape = _config(grid).get("chunk_shape") if is_codec(grid, "regular") else None
     inner = config.get("chunk_shape")
     if not (isinstance(shard_shape, list) and isinstance(inner, list) and len(inner) == len(shard_shape)):
         return CodecForm(unservable="the sharding codec's chunk_shape does not match a regular chunk grid")
@@ -78,7 +74,7 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
         return CodecForm(
             unservable=f"inner chunk_shape {inner} does not divide the shard shape {shard_shape}"
         )
-    if not isinstance(inner_codecs, list) or any(_is_codec(c, SHARDING_CODEC) for c in inner_codecs):
+    if not isinstance(inner_codecs, list) or any(is_codec(c, SHARDING_CODEC) for c in inner_codecs):
         return CodecForm(unservable="nested sharding (a sharding codec inside the sharding codec)")
     cps = [s // c for s, c in zip(shard_shape, inner, strict=True)]
     index = {

@@ -49,7 +49,14 @@ from shardstore import progress as bars
 from shardstore.addressing import ShardAddress, locate
 from shardstore.errors import ShardFormatError, ShardingConfigError, ShardStoreError
 from shardstore.formats.base import ChunkTable, table_entry
-from shardstore.metadata import ARRAY_DOC_NAMES, METADATA_NAMES, V3_NAME, ArrayInfo, load_document
+from shardstore.metadata import (
+    ARRAY_DOC_NAMES,
+    METADATA_NAMES,
+    ROOT_DOCUMENTS,
+    V3_NAME,
+    ArrayInfo,
+    load_document,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -73,7 +80,6 @@ _SIZE_BATCH = 1024
 """Object sizes asked for at once while counting objects and bytes."""
 _BLOCK_CHUNKS = 256
 """Chunks per unit of an unsharded destination array."""
-_ROOT_DOCUMENTS = (V3_NAME, ".zgroup", ".zarray")
 
 Progress = Callable[[int, int], None]
 """Called after each unit with (bytes copied so far, bytes to copy in all)."""
@@ -499,7 +505,7 @@ def convert(
             )
     before = sync(_objects(src))
     metadata = [k for k in before.plain if _is_metadata(k)]
-    if not any(k.rpartition("/")[2] in _ROOT_DOCUMENTS for k in metadata):
+    if not any(k.rpartition("/")[2] in ROOT_DOCUMENTS for k in metadata):
         raise ShardStoreError(
             f"no zarr hierarchy at {_where(src)} (no zarr.json, .zgroup or .zarray in it): nothing to convert"
         )

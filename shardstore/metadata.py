@@ -49,6 +49,8 @@ V2_ARRAY = ".zarray"
 V2_CONSOLIDATED = ".zmetadata"
 METADATA_NAMES = frozenset({V3_NAME, V2_ARRAY, ".zgroup", ".zattrs", V2_CONSOLIDATED})
 ARRAY_DOC_NAMES = (V3_NAME, V2_ARRAY)
+ROOT_DOCUMENTS = (V3_NAME, ".zgroup", V2_ARRAY)
+"""One of these at a URL's root makes it a zarr hierarchy."""
 DRAFT_DOC = ".array.json"
 """The v3 draft's array document (zarr-python 2.x's experimental v3): the chunks of
 the array at ``data/root/<p>`` are described by ``meta/root/<p>.array.json``."""

@@ -127,7 +127,7 @@ class ReadPolicy:
         caching = mode == "trust" or (checked and can.versions)
         # In memory a range read could meet a newer shard than its index came from,
         # while a whole read is one consistent snapshot and costs no more.
-        in_memory = not (can.versioned_ranges or can.remote)
+        in_memory = can.in_memory
         whole: WholeShards = "never"
         if options.read_strategy == "shard" or in_memory:
             whole = "always"

@@ -87,8 +87,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         self._inner: InnerStore = adapt(inner, storage_options)
         self._max_age = cache_max_age
         self._attempts = write_attempts
-        can = self._inner.capabilities
-        self._whole_shards = not (can.versioned_ranges or can.remote)  # in memory: one snapshot
+        self._whole_shards = self._inner.capabilities.in_memory
         self._minishards: OrderedDict[tuple[str, int], tuple[Minishard, Hashable | None, float]] = (
             OrderedDict()
         )

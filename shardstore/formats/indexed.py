@@ -23,6 +23,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
 from shardstore.formats.base import ShardFormat
+from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
 
 __all__ = [
     "MAX_CHUNKS_PER_SHARD",
@@ -31,6 +32,7 @@ __all__ = [
     "IndexedFormat",
     "ShardIndex",
     "index_problem",
+    "is_codec",
     "parse_index_codecs",
     "present_positions",
 ]
@@ -47,14 +49,14 @@ ShardIndex = npt.NDArray[np.uint64]
 """An ``(n, 2)`` array of ``(offset, nbytes)`` pairs, one row per chunk position."""
 
 
-def _is_codec(entry: Any, name: str) -> bool:
+def is_codec(entry: Any, name: str) -> bool:
     return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
 
 
 def parse_index_codecs(codecs: Any) -> bool | None:
     """Whether the index codecs are ``[bytes(little)]`` (False) or with ``crc32c``
     (True); None for anything else, the only index encodings this format reads."""
-    if not isinstance(codecs, list) or not codecs or not _is_codec(codecs[0], "bytes"):
+    if not isinstance(codecs, list) or not codecs or not is_codec(codecs[0], "bytes"):
         return None
     config = codecs[0].get("configuration") if isinstance(codecs[0], dict) else None
     if isinstance(config, dict) and config.get("endian", "little") != "little":
@@ -62,7 +64,7 @@ def parse_index_codecs(codecs: Any) -> bool | None:
     rest = codecs[1:]
     if not rest:
         return False
-    if len(rest) == 1 and _is_codec(rest[0], "crc32c"):
+    if len(rest) == 1 and is_codec(rest[0], "crc32c"):
         return True
     return None
 
@@ -267,19 +269,12 @@ class IndexedFormat(ShardFormat):
         return found + _entry_problems(self, entries, len(blob), chunk_nbytes)
 
 
-_IMPOSSIBLE = 2**53
-"""No real shard reaches 8 PiB (S3 objects stop at 5 TiB): an entry beyond is damage,
-refused before any range is requested or any sum can overflow."""
-_SHOWN = 4
-"""Entries named per problem; the rest are counted."""
-
-
 def _entry_masks(index: ShardIndex) -> tuple[npt.NDArray[np.bool_], ...]:
     """Entries present, half-empty (one field marked absent), and absurdly large."""
     offsets, sizes = index[:, 0], index[:, 1]
     present = offsets != MISSING
     half = present != (sizes != MISSING)
-    return present, half, present & ~half & ((offsets >= _IMPOSSIBLE) | (sizes >= _IMPOSSIBLE))
+    return present, half, present & ~half & ((offsets >= IMPOSSIBLE) | (sizes >= IMPOSSIBLE))
 
 
 def _entry_problems(
@@ -294,7 +289,7 @@ def _entry_problems(
     empty = sane & (sizes == 0)
     rules = [
         (half, "entries with only one of offset/nbytes marked empty"),
-        (impossible, f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes)"),
+        (impossible, f"impossible ranges (beyond {IMPOSSIBLE:,} bytes)"),
         (past_end, f"truncated: the object ({nbytes} bytes) is shorter than its index says"),
         (sane & ~past_end & ((offsets < lo) | (ends > hi)), f"ranges into the index (data: [{lo}, {hi}))"),
         (empty, "zero-length entries: no codec decodes an empty chunk"),
@@ -311,14 +306,9 @@ def _entry(index: ShardIndex, position: int) -> str:
     return f"chunk {position} (offset {int(index[position, 0])}, nbytes {int(index[position, 1])})"
 
 
-def _listed(shown: list[str], total: int) -> str:
-    """The first few of ``total`` findings, and how many more."""
-    return ", ".join(shown[:_SHOWN]) + (f" and {total - _SHOWN} more" if total > _SHOWN else "")
-
-
 def _entries(index: ShardIndex, mask: npt.NDArray[np.bool_]) -> str:
     where = np.flatnonzero(mask)
-    return _listed([_entry(index, int(p)) for p in where[:_SHOWN]], len(where))
+    return listed([_entry(index, int(p)) for p in where[:SHOWN]], len(where))
 
 
 def _overlaps(index: ShardIndex, positions: npt.NDArray[np.intp]) -> list[str]:
@@ -338,7 +328,7 @@ def _overlaps(index: ShardIndex, positions: npt.NDArray[np.intp]) -> list[str]:
         kinds["duplicated entries" if (index[a] == index[b]).all() else "overlapping ranges"].append((a, b))
     return [
         f"{what}: "
-        + _listed([f"{_entry(index, a)} and {_entry(index, b)}" for a, b in found[:_SHOWN]], len(found))
+        + listed([f"{_entry(index, a)} and {_entry(index, b)}" for a, b in found[:SHOWN]], len(found))
         for what, found in kinds.items()
         if found
     ]
@@ -353,7 +343,7 @@ def index_problem(index: ShardIndex) -> str | None:
     if half.any():
         return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
     if impossible.any():
-        return f"impossible ranges (beyond {_IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
+        return f"impossible ranges (beyond {IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
     overlaps = _overlaps(index, np.flatnonzero(present & (index[:, 1] > 0)))
     return overlaps[0] if overlaps else None
 

@@ -33,6 +33,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
 from shardstore.formats.base import ShardFormat
+from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
 
 __all__ = [
     "MAX_DECODED_NBYTES",
@@ -69,14 +70,9 @@ MAX_MINISHARD_BITS: Final = 32
 MAX_DECODED_NBYTES: Final = 1 << 30
 """Most bytes one gzip-encoded chunk or minishard index may inflate to: far above any
 real one, and it keeps a damaged (or hostile) stream from exhausting memory."""
-_IMPOSSIBLE: Final = 1 << 53
-"""No shard file reaches 8 PiB: a byte offset beyond is damage, refused before any sum
-can overflow (tensorstore refuses offsets that do not fit an int64)."""
 _GZIP_LEVEL: Final = 9
 _GZIP_WBITS: Final = 31  # 16 + 15: gzip header and trailer, as tensorstore's zlib uses
 _U64: Final = np.dtype("<u8")
-_SHOWN: Final = 4
-"""Items named per problem; the rest are counted."""
 
 
 # -- configuration -----------------------------------------------------------------
@@ -436,7 +432,7 @@ def _decode_minishard_index(sharding: PrecomputedSharding, raw: bytes | memoryvi
     steps[0::2] = table[1]
     steps[1::2] = sizes
     starts = np.cumsum(steps, dtype=np.uint64)[0::2]  # wraps like tensorstore's uint64 sum
-    limit = np.uint64(_IMPOSSIBLE - sharding.shard_index_nbytes)
+    limit = np.uint64(IMPOSSIBLE - sharding.shard_index_nbytes)
     absurd = np.flatnonzero((starts > limit) | (sizes > limit) | (sizes > limit - np.minimum(starts, limit)))
     if absurd.size:
         i = int(absurd[0])
@@ -451,25 +447,21 @@ def _shard_index_table(sharding: PrecomputedSharding, raw: bytes | memoryview) -
     return np.frombuffer(raw, dtype=_U64, count=2 * sharding.num_minishards).reshape(-1, 2).astype(np.uint64)
 
 
-def _listed(shown: list[str], total: int) -> str:
-    return ", ".join(shown[:_SHOWN]) + (f" and {total - _SHOWN} more" if total > _SHOWN else "")
-
-
 def _minishards(table: npt.NDArray[np.uint64], mask: npt.NDArray[np.bool_]) -> str:
     where = np.flatnonzero(mask)
-    shown = [f"minishard {int(m)} [{int(table[m, 0])}, {int(table[m, 1])})" for m in where[:_SHOWN]]
-    return _listed(shown, len(where))
+    shown = [f"minishard {int(m)} [{int(table[m, 0])}, {int(table[m, 1])})" for m in where[:SHOWN]]
+    return listed(shown, len(where))
 
 
 def _shard_index_problems(table: npt.NDArray[np.uint64]) -> list[str]:
     starts, ends = table[:, 0], table[:, 1]
     backwards = ends < starts
-    absurd = ~backwards & (ends > np.uint64(_IMPOSSIBLE))
+    absurd = ~backwards & (ends > np.uint64(IMPOSSIBLE))
     found = []
     if backwards.any():
         found.append(f"shard index entries ending before they start: {_minishards(table, backwards)}")
     if absurd.any():
-        found.append(f"shard index entries beyond {_IMPOSSIBLE:,} bytes: {_minishards(table, absurd)}")
+        found.append(f"shard index entries beyond {IMPOSSIBLE:,} bytes: {_minishards(table, absurd)}")
     return found
 
 
@@ -546,7 +538,7 @@ def minishard_index_range(sharding: PrecomputedSharding, entry: bytes, minishard
             f"shard {key!r}: shard index entry {minishard} is cut short ({len(entry)} bytes)"
         )
     start, end = (int(v) for v in np.frombuffer(entry, dtype=_U64))
-    if end < start or end >= _IMPOSSIBLE:
+    if end < start or end >= IMPOSSIBLE:
         raise ShardFormatError(
             f"shard {key!r}: shard index entry {minishard} is [{start}, {end}): impossible"
         )
@@ -598,8 +590,8 @@ def _overlaps(
     reach = np.maximum.accumulate(e)
     furthest = np.maximum.accumulate(np.where(e == reach, np.arange(len(order)), 0))
     hits = np.flatnonzero(s[1:] < reach[:-1]) + 1
-    shown = [f"{label(int(order[furthest[i - 1]]))} and {label(int(order[i]))}" for i in hits[:_SHOWN]]
-    return [f"overlapping byte ranges: {_listed(shown, len(hits))}"] if len(hits) else []
+    shown = [f"{label(int(order[furthest[i - 1]]))} and {label(int(order[i]))}" for i in hits[:SHOWN]]
+    return [f"overlapping byte ranges: {listed(shown, len(hits))}"] if len(hits) else []
 
 
 def _scan(
@@ -627,7 +619,7 @@ def _scan(
     for problem in _shard_index_problems(table):
         found(problem)
     starts, ends = table[:, 0], table[:, 1]
-    sane = (ends >= starts) & (ends <= np.uint64(_IMPOSSIBLE))
+    sane = (ends >= starts) & (ends <= np.uint64(IMPOSSIBLE))
     past = sane & (ends > np.uint64(size - index_nbytes))
     if past.any():
         found(
@@ -648,7 +640,7 @@ def _scan(
         else:
             owners.append(m)
     if broken:
-        found(f"minishard indices that do not decode: {_listed(broken, len(broken))}")
+        found(f"minishard indices that do not decode: {listed(broken, len(broken))}")
     entries = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.uint64)
     counts = [len(r) for r in rows]
     minishard_of = np.repeat(np.array(owners, dtype=np.uint64), counts)
@@ -658,9 +650,9 @@ def _scan(
         where = np.flatnonzero(mask)
         shown = [
             f"chunk {int(ids[i])} [{int(offsets[i])}, {int(offsets[i] + sizes[i])}){extra(int(i))}"
-            for i in where[:_SHOWN]
+            for i in where[:SHOWN]
         ]
-        return _listed(shown, len(where))
+        return listed(shown, len(where))
 
     outside = offsets + sizes > np.uint64(size)  # both below 2**53: no overflow
     if outside.any():
@@ -778,5 +770,5 @@ def shard_problems(
         except _Problem as e:
             broken.append(f"chunk {chunk_id} at [{offset}, {offset + nbytes}): {e}")
     if broken:
-        scan.problems.append(f"chunk data that does not decode: {_listed(broken, len(broken))}")
+        scan.problems.append(f"chunk data that does not decode: {listed(broken, len(broken))}")
     return scan.problems

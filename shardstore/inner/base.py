@@ -94,6 +94,13 @@ class Capabilities:
     """:meth:`InnerStore.append` adds bytes to an object in place, and suffix and
     whole reads see an append whole or not at all (never a torn tail)."""
 
+    @property
+    def in_memory(self) -> bool:
+        """Neither remote nor able to check a range read's version: a range read could
+        meet a newer shard than its index came from, while one whole read is one
+        consistent snapshot and costs no more. Readers read such shards whole."""
+        return not (self.versioned_ranges or self.remote)
+
 
 class InnerStore(ABC):
     """The wrapped storage as seen by the sharding layer."""
