@@ -6,14 +6,17 @@ unmodified zarr arrays write many chunks into each shard object.
 
 from shardstore import errors
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
+from shardstore.pipeline import PIPELINE_PATH, ShardAwarePipeline
 from shardstore.precomputed_store import PrecomputedShardedStore
 from shardstore.precomputed_volume import PrecomputedScale, PrecomputedVolume
 from shardstore.store import ShardingStore
 
 __all__ = [
+    "PIPELINE_PATH",
     "PrecomputedScale",
     "PrecomputedShardedStore",
     "PrecomputedVolume",
+    "ShardAwarePipeline",
     "ShardingStore",
     *errors.__all__,
 ]

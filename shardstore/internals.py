@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardstore.addressing import ShardAddress
+from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.formats.base import ChunkTable
 from shardstore.formats.indexed import IndexedFormat
@@ -16,6 +16,7 @@ from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.reading.reader import ShardReader
+from shardstore.routing import KeyRouter
 from shardstore.writing.writer import ShardWriter
 
 __all__ = ["StoreInternals"]
@@ -33,7 +34,10 @@ class StoreInternals:
     _reader: ShardReader
     _writer: ShardWriter
     _lister: ShardLister
+    _router: KeyRouter
     _check_writable: Callable[[], None]
+    fetch_concurrency: int
+    """Shards one read or write of many chunks works on at once (the store's option)."""
 
     async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
         """Shard objects that may hold keys under ``prefix``, and the other inner keys
@@ -48,6 +52,11 @@ class StoreInternals:
         """Rewrite one shard compactly (dropping dead bytes), as a commit."""
         self._check_writable()
         await self._writer.compact(shard)
+
+    async def shard_key_of(self, key: str) -> str | None:
+        """The shard object a chunk key is stored in (None: not a chunk of a sharded array)."""
+        where = await self._router.route(key)
+        return where.shard.key if isinstance(where, ChunkAddress) else None
 
     async def array_at(self, path: str) -> ArrayInfo | None:
         """What the store knows of the array at ``path`` (None: no array there)."""

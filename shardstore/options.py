@@ -19,6 +19,7 @@ from shardstore.writing.writer import WriteStrategy
 
 __all__ = [
     "AUTO_WHOLE_SHARD_BYTES",
+    "DEFAULT_FETCH_CONCURRENCY",
     "IndexCacheMode",
     "ReadPolicy",
     "ReadStrategy",
@@ -28,12 +29,18 @@ __all__ = [
 
 ReadStrategy = Literal["auto", "chunk", "shard"]
 IndexCacheMode = Literal["auto", "trust", "off", "revalidate"]
-WholeShards = Literal["never", "repeat", "always"]
+WholeShards = Literal["never", "first", "repeat", "always"]
 
-AUTO_WHOLE_SHARD_BYTES = {True: 64 * 2**20, False: 16 * 2**20}
-"""``read_strategy="auto"`` fetches shards whole up to this uncompressed size, on
-remote stores (True) on first read: one request costs less than two round
-trips; on others on a repeated read: one read instead of many small ones."""
+AUTO_WHOLE_SHARD_BYTES = {True: 2 * 2**20, False: 16 * 2**20}
+"""``read_strategy="auto"`` fetches shards whole up to this uncompressed size
+(``whole_shard_bytes=None``): on remote stores (True) on a first read, where one
+request for a small shard costs less than the round trip for its index (a few
+MiB move in one round trip); on others on a repeated read, one read instead of
+many small ones. Larger shards are read by index and merged chunk ranges."""
+
+DEFAULT_FETCH_CONCURRENCY = 32
+"""Shards one read or write of many chunks works on at once (its requests in flight
+together), and so the number of shards it holds in memory."""
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "layout": ("transformer", "codec"),
@@ -54,22 +61,31 @@ class StoreOptions:
     ``read_strategy``: ``"chunk"`` reads the ranges asked for (a batch that wants
     half of a shard's chunks fetches it whole); ``"shard"`` fetches every shard a
     read touches whole, into a shard cache of ``shard_cache_bytes``, so the rest
-    of a slab or whole-array read costs no request; ``"auto"`` is ``"shard"`` on
-    remote stores (shards up to 64 MiB uncompressed), fetches a local file's shard
-    whole once it is read a third time within a second (up to 16 MiB). In-memory
+    of a slab or whole-array read costs no request; ``"auto"`` fetches a remote
+    shard whole on its first read if its uncompressed size is at most
+    ``whole_shard_bytes`` (default 2 MiB) and otherwise reads its index (cached)
+    and the chunk ranges asked for, and fetches a local file's shard whole once it
+    is read a third time within a second (default up to 16 MiB). In-memory
     stores read shards whole whatever the strategy (a range read there could meet
     a newer shard than its index came from), caching them only with ``"shard"``
     or ``index_cache="trust"``.
     ``index_cache``: ``"auto"`` caches what a read can check for free (local
-    files: indices by version in the same read, whole shards by a ``stat``) and
-    elsewhere serves a cached whole shard for at most ``cache_max_age`` seconds
-    after it was fetched; ``"revalidate"`` keeps cached shards but asks for each
-    again on every read, downloading it only if it changed (S3: a conditional
-    GET on its ETag); ``"trust"`` caches both until evicted (data that only this
-    store changes); ``"off"`` caches nothing. Writes through a store always drop
-    what it cached. ``index_cache_bytes`` bounds the index cache.
+    files: indices by version in the same read, whole shards by a ``stat``; S3:
+    indices, each range read carrying ``If-Match`` on the version its index came
+    from), and elsewhere serves a cached whole shard for at most
+    ``cache_max_age`` seconds after it was fetched, as it answers "absent" from a
+    cached S3 index (a ``stat`` checks that on local files); ``"revalidate"``
+    keeps cached shards but asks for each again on every read, downloading it
+    only if it changed (S3: a conditional GET on its ETag); ``"trust"`` caches
+    both until evicted (data that only this store changes); ``"off"`` caches
+    nothing. Writes through a store always drop what it cached. ``index_cache_bytes`` bounds the index cache.
     ``write_attempts``: conditional writes one commit tries against other
     writers before :class:`~shardstore.errors.ShardConflictError`.
+    ``whole_shard_bytes``: the byte budget of ``read_strategy="auto"`` above (None:
+    2 MiB remote, 16 MiB local).
+    ``fetch_concurrency``: shards that one read or write of many chunks (through
+    :class:`~shardstore.pipeline.ShardAwarePipeline`, ``get_partial_values``,
+    ``set_many``) fetches or commits at once.
     """
 
     layout: Layout = "transformer"
@@ -80,6 +96,8 @@ class StoreOptions:
     shard_cache_bytes: int = 256 * 2**20
     cache_max_age: float = 1.0
     write_attempts: int = DEFAULT_ATTEMPTS
+    whole_shard_bytes: int | None = None
+    fetch_concurrency: int = DEFAULT_FETCH_CONCURRENCY
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -90,8 +108,15 @@ class StoreOptions:
             amount = getattr(self, name)
             if not amount >= 0:
                 raise ShardingConfigError(f"{name}={amount!r} must be a number >= 0")
-        if not (isinstance(self.write_attempts, int) and self.write_attempts >= 1):
-            raise ShardingConfigError(f"write_attempts={self.write_attempts!r} must be an integer >= 1")
+        for name in ("write_attempts", "fetch_concurrency"):
+            count = getattr(self, name)
+            if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+                raise ShardingConfigError(f"{name}={count!r} must be an integer >= 1")
+        budget = self.whole_shard_bytes
+        if budget is not None and not (
+            isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+        ):
+            raise ShardingConfigError(f"whole_shard_bytes={budget!r} must be None or an integer >= 0")
 
     def as_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,10 +126,12 @@ class StoreOptions:
 class ReadPolicy:
     """What the read path does on one inner store.
 
-    ``whole``: when to fetch a shard whole rather than read ranges of it — on its
-    first read (``"always"``), when it is read again and again (``"repeat"``) —
-    both only for arrays whose uncompressed shard is at most ``whole_limit`` bytes
-    (None: any) — or only when one batch wants half of it (``"never"``).
+    ``whole``: when to fetch a shard whole rather than read ranges of it — on
+    every read not served from the shard cache (``"always"``), on a read that
+    finds its index uncached (``"first"``), when it is read again and again
+    (``"repeat"``) — all only for arrays whose uncompressed shard is at most
+    ``whole_limit`` bytes (None: any) — or only when one batch wants half of it
+    and its index is not cached (``"never"``; also the fallback of the others).
     ``validate``: check cached entries against the object's version where the
     store tells it cheaply; otherwise a cached shard is served for ``max_age``
     seconds (None: until evicted); with ``revalidate`` a cached shard past that
@@ -124,7 +151,7 @@ class ReadPolicy:
         can = inner.capabilities
         checked = mode in ("auto", "revalidate")
         # indices only where a read can check them for free, unless trusted
-        caching = mode == "trust" or (checked and can.versions)
+        caching = mode == "trust" or (checked and (can.versions or can.versioned_ranges))
         # In memory a range read could meet a newer shard than its index came from,
         # while a whole read is one consistent snapshot and costs no more.
         in_memory = can.in_memory
@@ -132,10 +159,10 @@ class ReadPolicy:
         if options.read_strategy == "shard" or in_memory:
             whole = "always"
         elif options.read_strategy == "auto" and mode != "off":
-            # remote: on first read, served for cache_max_age; local files: on a repeated
-            # read, its version checked by every later read; in memory: whole shards, uncached
+            # remote: small shards on first read, served for cache_max_age; local files:
+            # on a repeated read, its version checked by every later read
             if can.remote:
-                whole = "always"
+                whole = "first"
             elif can.versions:
                 whole = "repeat"
         return cls(
@@ -147,7 +174,15 @@ class ReadPolicy:
             else options.shard_cache_bytes,
             validate=checked,
             whole=whole,
-            whole_limit=AUTO_WHOLE_SHARD_BYTES[can.remote] if options.read_strategy == "auto" else None,
+            whole_limit=(
+                (
+                    AUTO_WHOLE_SHARD_BYTES[can.remote]
+                    if options.whole_shard_bytes is None
+                    else options.whole_shard_bytes
+                )
+                if options.read_strategy == "auto"
+                else None
+            ),
             max_age={"trust": None, "revalidate": 0.0}.get(mode, options.cache_max_age),
             revalidate=mode == "revalidate",
         )

@@ -28,7 +28,13 @@ from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
 from shardstore.metadata import ChunksPerShard, Layout, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
-from shardstore.options import IndexCacheMode, ReadPolicy, ReadStrategy, StoreOptions
+from shardstore.options import (
+    DEFAULT_FETCH_CONCURRENCY,
+    IndexCacheMode,
+    ReadPolicy,
+    ReadStrategy,
+    StoreOptions,
+)
 from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.coalescing import ReadCoalescer
 from shardstore.reading.reader import ShardReader
@@ -73,6 +79,8 @@ class ShardingStore(Store):
         shard_cache_bytes: int = 256 * 2**20,
         cache_max_age: float = 1.0,
         write_attempts: int = DEFAULT_ATTEMPTS,
+        whole_shard_bytes: int | None = None,
+        fetch_concurrency: int = DEFAULT_FETCH_CONCURRENCY,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
@@ -85,6 +93,8 @@ class ShardingStore(Store):
             shard_cache_bytes=shard_cache_bytes,
             cache_max_age=cache_max_age,
             write_attempts=write_attempts,
+            whole_shard_bytes=whole_shard_bytes,
+            fetch_concurrency=fetch_concurrency,
         )
         self._inner_arg = inner
         self._storage_options = storage_options
@@ -117,7 +127,9 @@ class ShardingStore(Store):
             self._reader,
             self._writer,
             self._lister,
+            self._router,
             self._check_writable,
+            self._options.fetch_concurrency,
         )
         """The internal API of shardstore's own tools (see :mod:`shardstore.internals`)."""
 
@@ -301,6 +313,31 @@ class ShardingStore(Store):
             await self._metadata.set(key, data)
         else:
             await self._inner.set(key, data)
+
+    async def set_many(self, values: Iterable[tuple[str, Buffer | None]]) -> None:
+        """Whole new values of several keys (None: delete), each shard's chunks merged
+        into one commit, the shards committed concurrently; done when all are durable.
+
+        zarr's own writes reach a store one chunk at a time, so a shard is
+        rewritten once per burst; a caller holding many chunks at once (such as
+        :class:`~shardstore.pipeline.ShardAwarePipeline`) writes each shard once,
+        and a shard whose chunks are all given is written without reading it."""
+        self._check_writable()
+        by_shard: UpdatesByShard = {}
+        others: list[tuple[str, Buffer | None]] = []
+        for key, value in values:
+            check_key(key)
+            if value is not None and not isinstance(value, Buffer):
+                raise TypeError(f"ShardingStore.set_many(): the value of {key!r} must be a Buffer or None")
+            where = await self._router.route(key, writing=value is not None)
+            if isinstance(where, ChunkAddress):
+                add_update(by_shard, where, None if value is None else value.to_bytes())
+            elif where != "absent":
+                others.append((key, value))
+        await asyncio.gather(
+            self._writer.write_all(by_shard),
+            *(self.set(k, v) if v is not None else self.delete(k) for k, v in others),
+        )
 
     async def set_partial_values(
         self, key_start_values: Iterable[tuple[str, int, bytes | bytearray | memoryview]]

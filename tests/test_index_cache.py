@@ -95,3 +95,18 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
     entries, nbytes = store.internals.cache_usage()["indices"]
     assert nbytes <= 4 * 64
     assert entries == 4
+
+
+def test_a_chunk_another_writer_adds_is_seen_at_once_on_local_files(tmp_path: Path) -> None:
+    """"Absent" from a cached index is checked by a stat: a chunk added since is read."""
+    counted = CountingInner(LocalInner(tmp_path))
+    reader = ShardingStore(counted, chunks_per_shard=(4, 4), read_strategy="chunk")
+    writer = ShardingStore(str(tmp_path), chunks_per_shard=(4, 4))
+    zarr.create_array(writer, name="a", shape=(64, 64), chunks=(8, 8), dtype="f4")[0:8, 0:8] = 1
+    arr = zarr.open_array(reader, path="a")
+    assert arr[0, 0] == 1 and arr[8, 8] == 0  # shard (0, 0) indexed: chunk (1, 1) absent
+    counted.counts.reset()
+    assert arr[9, 9] == 0
+    assert counted.counts.reads == 0  # unchanged shard: the cached index answers
+    zarr.open_array(writer, path="a")[8:16, 8:16] = 2
+    assert arr[9, 9] == 2

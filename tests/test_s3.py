@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -146,3 +147,65 @@ def test_revalidate_sees_other_writers_at_once_without_downloading_again(s3: Loc
     s3.reset()
     assert reader[0, 0] == 2  # seen at once, not after cache_max_age
     assert dict(s3.counts) == {"GET": 1} and s3.bytes_down > 0
+
+
+CHUNK_BYTES = 256 * 512 * 4  # 512 KiB chunks, 16 to an 8 MiB shard
+
+
+def _large_shards(s3: LocalS3, path: str) -> tuple[zarr.Array, np.ndarray]:
+    """An array of one uncompressed 8 MiB shard (4 x 4 chunks of 512 KiB)."""
+    data = np.arange(1024 * 2048, dtype="f4").reshape(1024, 2048)
+    arr = zarr.create_array(
+        _store(s3, path), name="a", shape=data.shape, chunks=(256, 512), dtype="f4", compressors=None
+    )
+    with arr.store.batch():
+        arr[:] = data
+    return arr, data
+
+
+def test_a_cold_chunk_of_a_large_shard_moves_its_index_and_itself(s3: LocalS3) -> None:
+    _, data = _large_shards(s3, "large-cold.zarr")
+    arr = zarr.open_array(_store(s3, "large-cold.zarr"), path="a", zarr_format=3)
+    s3.reset()
+    assert arr[300, 700] == data[300, 700]
+    assert dict(s3.counts) == {"GET": 2}  # the index, then the chunk
+    assert CHUNK_BYTES <= s3.bytes_down < CHUNK_BYTES + 4096  # not the 8 MiB shard
+    s3.reset()
+    assert arr[900, 1900] == data[900, 1900]  # another chunk: the index is cached
+    assert dict(s3.counts) == {"GET": 1} and s3.bytes_down < CHUNK_BYTES + 4096
+
+
+def test_whole_shard_bytes_sets_the_budget_for_whole_fetches(s3: LocalS3) -> None:
+    _, data = _large_shards(s3, "large-budget.zarr")
+    arr = zarr.open_array(_store(s3, "large-budget.zarr", whole_shard_bytes=16 * 2**20), path="a")
+    s3.reset()
+    assert arr[300, 700] == data[300, 700]
+    assert dict(s3.counts) == {"GET": 1} and s3.bytes_down > 8 * 2**20  # one GET, the whole shard
+    small = _written(s3, "small-budget.zarr")
+    del small
+    arr = zarr.open_array(_store(s3, "small-budget.zarr", whole_shard_bytes=0), path="a", zarr_format=3)
+    s3.reset()
+    assert arr[40, 40] == 40 * 256 + 40
+    assert dict(s3.counts) == {"GET": 2}  # a zero budget: index and range even for 64 KiB shards
+
+
+def test_a_cached_s3_index_never_serves_another_writers_old_bytes(s3: LocalS3) -> None:
+    """Present chunks are read with If-Match on the ETag their index came with: a shard
+    another store replaced is re-indexed at once. A chunk another store added is seen
+    once the cached index is older than cache_max_age; one it deleted at once."""
+    writer, data = _large_shards(s3, "large-stale.zarr")
+    reader = zarr.open_array(_store(s3, "large-stale.zarr", cache_max_age=0.2), path="a", zarr_format=3)
+    assert reader[0, 0] == data[0, 0]
+    writer[0:256, 0:512] = -1  # replaced: the reader's cached index is stale
+    s3.reset()
+    assert reader[0, 0] == -1
+    assert s3.counts["GET"] == 3  # refused by If-Match (412), the index again, the chunk
+    writer[0:256, 0:512] = 0  # the fill value: the chunk leaves the shard
+    assert reader[0, 0] == 0
+    reader[0, 1]  # (the reader now knows the chunk is absent)
+    writer[0:256, 0:512] = 5  # added back by another store
+    time.sleep(0.25)
+    assert reader[0, 0] == 5  # "absent" from a cached index older than max_age is checked
+    erase = ShardingStore(s3.url("large-stale.zarr"), storage_options=s3.storage_options)
+    asyncio.run(erase.erase_prefix("a/c/"))
+    assert reader[300, 700] == 0  # a deleted shard is absent, not damaged

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import zarr
 
-from shardstore import ShardingStore
+from shardstore import PIPELINE_PATH, ShardingStore
 from shardstore.errors import ShardConflictError
 from shardstore.inner import adapt
 from shardstore.inner.locks import file_lock, lock_path
@@ -61,8 +61,20 @@ def _create(url: str, storage_options: dict[str, Any] | None = None) -> None:
 def _writer(url: str, mode: str, w: int, start: Any, storage_options: dict[str, Any] | None) -> None:
     kwargs: dict[str, Any] = {"write_strategy": "append"} if mode in ("append", "compact") else {}
     store = ShardingStore(url, storage_options=storage_options, **kwargs)
+    if mode == "pipeline":  # every chunk of this writer in one setitem: one commit per shard
+        zarr.config.set({"codec_pipeline.path": PIPELINE_PATH})
     arr = zarr.open_array(store, path="a")
     start.wait()
+    if mode == "pipeline":
+        for final in (False, True):
+            rows, cols = zip(*_mine(w), strict=True)
+            blocks = np.array([_value(r, c, final) for r, c in _mine(w)], "i4")
+            cells = np.indices((CHUNK, CHUNK)).reshape(2, -1)
+            arr.vindex[
+                (np.array(rows)[:, None] * CHUNK + cells[0]).ravel(),
+                (np.array(cols)[:, None] * CHUNK + cells[1]).ravel(),
+            ] = np.repeat(blocks, CHUNK * CHUNK)
+        return
     if mode == "compact" and w == 0:  # one process compacts while the others append
         for _ in range(20):
             compact(store, "a/")
@@ -93,7 +105,7 @@ def _race(url: str, mode: str, storage_options: dict[str, Any] | None = None) ->
     return np.asarray(good | ~owned)
 
 
-@pytest.mark.parametrize("mode", ["rewrite", "batch", "append", "compact"])
+@pytest.mark.parametrize("mode", ["rewrite", "batch", "append", "compact", "pipeline"])
 def test_processes_writing_the_same_local_shards_lose_nothing(tmp_path: Path, mode: str) -> None:
     url = f"file://{tmp_path}/x.zarr"
     good = _race(url, mode)
@@ -201,7 +213,7 @@ def test_a_writer_waits_for_the_lock_holder(tmp_path: Path) -> None:
 # -- S3: conditional writes -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["rewrite", "batch"])
+@pytest.mark.parametrize("mode", ["rewrite", "batch", "pipeline"])
 def test_processes_writing_the_same_s3_shards_lose_nothing(s3: Any, mode: str) -> None:
     good = _race(s3.url(f"race-{mode}.zarr"), mode, s3.storage_options)
     assert int((~good).sum()) == 0, f"{int((~good).sum())} chunks lost or stale"

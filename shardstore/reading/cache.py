@@ -13,12 +13,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.formats.indexed import ShardIndex
 
-__all__ = ["IndexCache", "LruCache", "ShardCache", "ShardSnapshot"]
+__all__ = ["IndexCache", "IndexEntry", "LruCache", "ShardCache", "ShardSnapshot"]
 
 V = TypeVar("V")
 
@@ -65,7 +65,13 @@ class LruCache(Generic[V]):
         return len(self._entries)
 
 
-IndexEntry = tuple[ShardIndex, Hashable]
+class IndexEntry(NamedTuple):
+    """A shard's index, the version it was read at (where the store tells) and when
+    the request that read it was sent (``time.monotonic()``)."""
+
+    table: ShardIndex
+    version: Hashable
+    fetched_at: float
 
 
 class IndexCache(LruCache[IndexEntry]):
@@ -73,7 +79,7 @@ class IndexCache(LruCache[IndexEntry]):
     past ``max_bytes``."""
 
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(max_bytes, lambda entry: entry[0].nbytes)
+        super().__init__(max_bytes, lambda entry: entry.table.nbytes)
 
 
 @dataclass(frozen=True)

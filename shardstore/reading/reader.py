@@ -35,7 +35,7 @@ from shardstore.inner.base import NOT_MODIFIED
 from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
 from shardstore.precomputed_store import PrecomputedShardedStore
-from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
+from shardstore.reading.cache import IndexCache, IndexEntry, ShardCache, ShardSnapshot
 from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges, sub_range
 
 __all__ = ["ShardReader"]
@@ -215,7 +215,8 @@ class ShardReader:
             return False  # chunk ids: read by minishard indices, see _read_chunk_ids
         if self._indices.get(shard.key) is not None:
             return False  # the index is known: merged ranges read no more than needed
-        return 2 * len(positions) >= len(shard.in_grid_positions())
+        # one round trip instead of two, for a small shard or most of a big one
+        return (small and self._whole == "first") or 2 * len(positions) >= len(shard.in_grid_positions())
 
     def _repeated(self, key: str) -> bool:
         """Notes a read of the shard; whether it is the REPEAT_READS-th in a row."""
@@ -333,7 +334,7 @@ class ShardReader:
         if self._cacheable(shard.key, sent):
             self._shards.put(shard.key, snapshot)
             if raw is not None and not isinstance(snapshot.index, dict):
-                self._indices.put(shard.key, (snapshot.index, version))
+                self._indices.put(shard.key, IndexEntry(snapshot.index, version, sent))
         return snapshot, None
 
     async def _read_ranges(
@@ -372,7 +373,7 @@ class ShardReader:
             )
             stale: list[int] = []
             for (key, (span_start, _, members)), (value, _) in zip(spans, values, strict=True):
-                if value is STALE:
+                if value is STALE or (value is None and versions[key] is not None):  # replaced or gone
                     self._indices.drop(key)
                     stale.extend(i for i, _, _ in members)
                     continue
@@ -397,15 +398,42 @@ class ShardReader:
     async def index_entries(
         self, chunks: list[ChunkAddress], *, fresh: bool = False
     ) -> list[tuple[int, int, Hashable | None] | None]:
-        """``(offset, nbytes, shard version)`` of each chunk, None where absent."""
+        """``(offset, nbytes, shard version)`` of each chunk, None where absent.
+
+        A present chunk's range read checks the version for itself; "absent" from a
+        cached index is checked here (local files: by a ``stat``; elsewhere: the
+        index is read again once older than ``max_age``), so that a chunk another
+        writer added is not reported missing for longer than that."""
         shards = {c.shard.key: c.shard for c in chunks}
+        since = time.monotonic()
         found = await self.shard_indices(list(shards.values()), fresh=fresh)
         out: list[tuple[int, int, Hashable | None] | None] = []
+        doubtful: dict[str, ShardAddress] = {}
         for chunk in chunks:
             table, version = found[chunk.shard.key]
             where = None if table is None else table_entry(table, chunk.position)
             out.append(None if where is None else (*where, version))
+            if where is None and table is not None and self._absence_unchecked(chunk.shard.key, since):
+                doubtful[chunk.shard.key] = chunk.shard
+        if doubtful:
+            again = await self.shard_indices(list(doubtful.values()), fresh=True)
+            for slot, chunk in enumerate(chunks):
+                if chunk.shard.key in again and out[slot] is None:
+                    table, version = again[chunk.shard.key]
+                    where = None if table is None else table_entry(table, chunk.position)
+                    out[slot] = None if where is None else (*where, version)
         return out
+
+    def _absence_unchecked(self, key: str, since: float) -> bool:
+        """Whether the shard's index came from the cache (read before ``since``) and may
+        no longer be current: its version changed (where a ``stat`` tells) or it is
+        older than ``max_age``."""
+        cached = self._indices.get(key)
+        if cached is None or cached.fetched_at >= since:
+            return False
+        if self._check_versions:
+            return self._inner.version(key) != cached.version
+        return self._max_age is not None and time.monotonic() - cached.fetched_at > self._max_age
 
     async def shard_indices(
         self, shards: list[ShardAddress], *, fresh: bool = False
@@ -418,7 +446,7 @@ class ShardReader:
         for shard in shards:
             cached = None if fresh else self._indices.get(shard.key)
             if cached is not None:
-                found[shard.key] = cached
+                found[shard.key] = (cached.table, cached.version)
             elif shard.indexed is None:
                 whole.append(shard)
             else:
@@ -440,7 +468,7 @@ class ShardReader:
             if index is not None and size is not None:  # before any range is requested
                 fmt.check_ranges(index, size, shard.key)
             if index is not None and self._cacheable(shard.key, sent):
-                self._indices.put(shard.key, (index, version))
+                self._indices.put(shard.key, IndexEntry(index, version, sent))
             found[shard.key] = (index, version)
         for shard, (snapshot, error) in zip(whole, fetched, strict=True):
             if error is not None:

@@ -1,0 +1,170 @@
+"""ShardAwarePipeline: zarr's pipeline reading and writing whole selections by shard.
+
+Results equal zarr's own pipeline on every selection; the requests are one
+commit per shard written (none read for wholly covered shards) and one batched
+read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from zarr.storage import MemoryStore
+
+from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
+from shardstore.inner import LocalInner
+from shardstore.instrument import CountingInner
+
+from .helpers import inner_keys, sample
+
+ZARR_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+
+
+@pytest.fixture
+def pipeline() -> Iterator[None]:
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        yield
+
+
+def _counted(tmp_path: Path, name: str = "s", **options: Any) -> tuple[ShardingStore, CountingInner]:
+    inner = CountingInner(LocalInner(str(tmp_path / name)))
+    return ShardingStore(inner, (4, 4), **options), inner
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_zarr_picks_the_pipeline_for_arrays_opened_while_configured(tmp_path: Path) -> None:
+    store, _ = _counted(tmp_path)
+    arr = zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="i4")
+    assert isinstance(arr._async_array.codec_pipeline, ShardAwarePipeline)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_whole_write_commits_each_shard_once_without_reading(tmp_path: Path) -> None:
+    store, inner = _counted(tmp_path)
+    data = sample((64, 48), "f4")
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    inner.counts.reset()
+    arr[:] = data
+    assert (inner.counts.reads, inner.counts.writes) == (0, 2 * 2)  # 8x6 chunks, 4x4 per shard
+    reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+    np.testing.assert_array_equal(reopened[:], data)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_partial_write_reads_the_chunks_it_covers_in_part_once(tmp_path: Path) -> None:
+    store, inner = _counted(tmp_path)
+    data = sample((64, 64), "i4")
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="i4")
+    arr[:] = data
+    inner.counts.reset()
+    arr[3:61, 3:61] = 7  # edges cover chunks in part: 4 shards read-modify-written
+    data[3:61, 3:61] = 7
+    assert inner.counts.writes == 4
+    assert inner.counts.read_batches <= 2 + 1  # chunk reads in one batch (+ indices), then commits
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 32])
+def test_a_whole_read_fetches_fetch_concurrency_shards_per_batch(tmp_path: Path, concurrency: int) -> None:
+    store, _ = _counted(tmp_path)
+    data = sample((64, 64), "f4")
+    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
+    reader, inner = _counted(tmp_path, fetch_concurrency=concurrency)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.open_array(reader, path="a")
+        inner.counts.reset()
+        np.testing.assert_array_equal(arr[:], data)
+    shards = 4
+    assert inner.counts.read_batches == -(-shards // concurrency)
+    assert inner.counts.reads == shards  # each shard once (whole: the read wants all of it)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_fill_value_chunks_are_erased_from_their_shards(tmp_path: Path) -> None:
+    store = ShardingStore(str(tmp_path / "s"), (2, 2))
+    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4", fill_value=0)
+    arr[:] = 5
+    arr[:8, :] = 0
+    assert sorted(k for k in inner_keys(store) if "/c/" in k) == ["a/c/1/0", "a/c/1/1"]
+    arr[:] = 0
+    assert [k for k in inner_keys(store) if "/c/" in k] == []
+
+
+@pytest.mark.usefixtures("pipeline")
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_formats_ranks_and_edge_chunks_round_trip(tmp_path: Path, zarr_format: int) -> None:
+    store = ShardingStore(str(tmp_path / "s"), (2, 3, 2))
+    data = sample((9, 13, 5), "u2")
+    arr = zarr.create_array(
+        store, name="a", shape=data.shape, chunks=(2, 2, 2), dtype="u2", zarr_format=zarr_format
+    )
+    arr[:] = data
+    arr[1, 2:11, 4] = 9  # a scalar over a strided selection
+    data[1, 2:11, 4] = 9
+    np.testing.assert_array_equal(arr[:], data)
+    np.testing.assert_array_equal(arr[3:8, ::3, 1:], data[3:8, ::3, 1:])
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_writes_inside_a_batch_are_buffered_like_any_other(tmp_path: Path) -> None:
+    store, inner = _counted(tmp_path)
+    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4")
+    inner.counts.reset()
+    with store.batch():
+        arr[:8] = 1
+        assert inner.counts.writes == 0
+        np.testing.assert_array_equal(arr[6:10, 0], [1, 1, 0, 0])  # reads see the batch
+        arr[8:] = 2  # the shard is complete: written at once
+    assert inner.counts.writes == 1  # (the read above looked for the chunks not written yet)
+    np.testing.assert_array_equal(arr[:], np.repeat([1, 2], 8)[:, None] * np.ones((1, 16), "i4"))
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_other_stores_and_zarrs_own_sharding_get_zarrs_pipeline_behaviour(tmp_path: Path) -> None:
+    data = sample((32, 32), "f4")
+    plain = zarr.create_array(MemoryStore(), name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    plain[:] = data
+    np.testing.assert_array_equal(plain[5:20], data[5:20])
+    codec = zarr.create_array(
+        ShardingStore(str(tmp_path / "s"), None),
+        name="c",
+        shape=data.shape,
+        chunks=(8, 8),
+        shards=(16, 16),
+        dtype="f4",
+    )
+    codec[:] = data
+    np.testing.assert_array_equal(codec[3:30, 7:9], data[3:30, 7:9])
+
+
+_selection = st.tuples(
+    st.integers(0, 20), st.integers(1, 21), st.integers(0, 20), st.integers(1, 21), st.integers(1, 3)
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(writes=st.lists(_selection, min_size=1, max_size=4), read=_selection)
+def test_any_selection_matches_zarrs_own_pipeline(
+    tmp_path_factory: pytest.TempPathFactory, writes: list[tuple[int, ...]], read: tuple[int, ...]
+) -> None:
+    root = tmp_path_factory.mktemp("h")
+    results = []
+    for path in (ZARR_PIPELINE, PIPELINE_PATH):
+        with zarr.config.set({"codec_pipeline.path": path}):
+            store = ShardingStore(str(root / path), (2, 3))
+            arr = zarr.create_array(store, name="a", shape=(21, 21), chunks=(3, 2), dtype="i2", fill_value=-1)
+            for n, (r0, r1, c0, c1, step) in enumerate(writes):
+                arr[r0:r1:step, c0:c1] = n
+            r0, r1, c0, c1, step = read
+            results.append(
+                (arr[r0:r1, c0:c1:step], zarr.open_array(ShardingStore(str(root / path)), path="a")[:])
+            )
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
