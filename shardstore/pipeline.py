@@ -127,11 +127,12 @@ def _sharding_store(chunks: Sequence[ChunkInfo], pipeline: BatchedCodecPipeline)
 
 async def _by_shard(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> list[list[int]]:
     """Positions in ``chunks``, grouped so that each group holds every chunk of at
-    most ``fetch_concurrency`` shards, in the order they are first met."""
+    most ``fetch_concurrency`` shards, in the order they are first met (a chunk
+    stored unsharded counts as a shard of its own)."""
     internals = store.internals
-    by_shard: dict[str | None, list[int]] = {}
+    by_shard: dict[str, list[int]] = {}
     for n, (getter, *_) in enumerate(chunks):
-        by_shard.setdefault(await internals.shard_key_of(getter.path), []).append(n)
+        by_shard.setdefault(await internals.shard_key_of(getter.path) or getter.path, []).append(n)
     members = list(by_shard.values())
     size = internals.fetch_concurrency
     return [[n for shard in members[i : i + size] for n in shard] for i in range(0, len(members), size)]

@@ -168,3 +168,17 @@ def test_any_selection_matches_zarrs_own_pipeline(
             )
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_an_unsharded_array_under_the_pipeline_is_one_object_per_chunk(tmp_path: Path) -> None:
+    inner = CountingInner(LocalInner(str(tmp_path / "s")))
+    store = ShardingStore(inner, (4, 4), fetch_concurrency=5)
+    with pytest.warns(UserWarning):  # a 1-d array under a 2-d chunks_per_shard stays unsharded
+        arr = zarr.create_array(store, name="v", shape=(40,), chunks=(2,), dtype="i4")
+    inner.counts.reset()
+    arr[:] = np.arange(40)
+    assert inner.counts.writes == 20  # one object per chunk, as without shardstore
+    np.testing.assert_array_equal(
+        zarr.open_array(ShardingStore(str(tmp_path / "s")), path="v")[:], np.arange(40)
+    )
