@@ -209,3 +209,17 @@ def test_a_cached_s3_index_never_serves_another_writers_old_bytes(s3: LocalS3) -
     erase = ShardingStore(s3.url("large-stale.zarr"), storage_options=s3.storage_options)
     asyncio.run(erase.erase_prefix("a/c/"))
     assert reader[300, 700] == 0  # a deleted shard is absent, not damaged
+
+
+def test_a_small_shard_read_again_and_again_is_fetched_whole_again(s3: LocalS3) -> None:
+    _written(s3, "again.zarr")  # 64 KiB shards
+    arr = zarr.open_array(_store(s3, "again.zarr", cache_max_age=0), path="a", zarr_format=3)
+    moved = []
+    for i in range(3):
+        s3.reset()
+        assert arr[i, 0] == i * 256
+        assert dict(s3.counts) == {"GET": 1}
+        moved.append(s3.bytes_down)
+    # first read: the whole shard; then a range located by the cached index; the
+    # third read within a second: the whole shard again, for the reads to come
+    assert moved[0] > 32 * 32 * 4 * 8 and moved[1] <= 32 * 32 * 4 and moved[2] == moved[0]

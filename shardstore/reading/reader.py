@@ -209,7 +209,8 @@ class ShardReader:
     def _wants_whole(self, shard: ShardAddress, positions: set[int]) -> bool:
         nominal = shard.info.nominal_shard_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
-        if small and (self._whole == "always" or (self._whole == "repeat" and self._repeated(shard.key))):
+        again = self._whole in ("repeat", "first") and self._repeated(shard.key)
+        if small and (self._whole == "always" or again):
             return True
         if shard.indexed is None:
             return False  # chunk ids: read by minishard indices, see _read_chunk_ids
