@@ -73,6 +73,9 @@ def _handler(upstream: tuple[str, int], s3: LocalS3) -> type[BaseHTTPRequestHand
 
     class Proxy(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: without TCP_NODELAY the body waits for
+        # the client's delayed ACK (~40 ms a response for clients such as tensorstore's).
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: Any) -> None:  # quiet
             pass
@@ -114,6 +117,13 @@ def _handler(upstream: tuple[str, int], s3: LocalS3) -> type[BaseHTTPRequestHand
     return Proxy
 
 
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # clients open many connections at once (tensorstore: one per request in flight); with
+    # the default backlog of 5 the rest wait a SYN retransmission, a second
+    request_queue_size = 128
+
+
 @contextmanager
 def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[LocalS3]:
     """Start moto_server and a counting proxy on 127.0.0.1; stop both on exit."""
@@ -135,8 +145,7 @@ def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[Loc
                     raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.05)
         s3 = LocalS3("", bucket)
-        proxy = ThreadingHTTPServer(("127.0.0.1", 0), _handler(("127.0.0.1", port), s3))
-        proxy.daemon_threads = True
+        proxy = _ProxyServer(("127.0.0.1", 0), _handler(("127.0.0.1", port), s3))
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         s3.endpoint_url = f"http://127.0.0.1:{proxy.server_address[1]}"
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -1,0 +1,515 @@
+"""Floor benchmark: what each workload costs through shardstore against zarr's own
+ShardingCodec, unsharded zarr and tensorstore, on the same data, in one run.
+
+Backends: a local directory, and an S3 API (moto_server on 127.0.0.1 behind a
+counting proxy, shardstore.testing.s3) with --latency-ms added to every request
+(default 20; 0 allowed). Data: float32.
+
+  main   --size x --size (2048; 1024 with --quick; a multiple of 512), chunks
+         64 x 64, 8 x 8 chunks per shard, zstd (zarr's default "auto"
+         compressors): every workload.
+  big    chunks 256 x 512 (512 KiB), 4 x 4 chunks per shard (8 MiB shards),
+         uncompressed: the cold and warm chunk rows only. A shard is 16 chunks, so
+         "MiB read/op" of a cold chunk shows whether a whole shard is downloaded
+         to serve one chunk (0.5 MiB: the chunk; 8 MiB: its shard).
+
+Workloads (each through a newly opened store unless said otherwise):
+
+  cold chunk         N random single-chunk reads, each through a newly opened
+                     store and array (cold caches; the open is in the time)
+  warm chunk         the same reads again through one open array, after reading
+                     them once (tensorstore: with a 256 MiB cache pool)
+  slab               one chunk row across the whole array
+  whole read         arr[:]
+  1-chunk update     M random single-chunk writes, each a new value for one whole
+                     chunk, into an existing array (the one "whole write" wrote)
+  whole write        arr[:] = data on a new array (its creation not timed)
+  whole write batch  the same inside `with store.batch():` (ShardingStore only;
+                     "-" for the others; its "vs codec" is against the codec's
+                     whole write)
+
+Variants (rows): "unsharded" zarr; "codec" (zarr's ShardingCodec, `shards=`);
+"tensorstore" (zarr3 driver on the codec copy; its writes go to a zarr3 sharded
+array created by zarr); "shardstore" (ShardingStore, default options); "ss
+revalidate" (index_cache="revalidate", reads only); "ss pipeline" (shardstore
+with zarr's codec pipeline replaced by shardstore.pipeline.ShardAwarePipeline).
+To use that pipeline yourself, set it before opening the array:
+
+    with zarr.config.set({"codec_pipeline.path": "shardstore.pipeline.ShardAwarePipeline"}):
+        arr = zarr.open_array(ShardingStore(...), path="a")
+        arr[...]
+
+Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
+else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
+--quick), its ratio to the codec's, requests, MiB read and MiB written per
+operation (from the last repeat), and on S3 with latency the time in round
+trips (seconds / latency). Local counts come from
+wrappers: CountingStore around zarr's LocalStore, CountingInner around
+ShardingStore's inner store (shardstore.instrument), and tensorstore's own
+/tensorstore/kvstore/file/ metrics ("-" if unavailable). On S3 the proxy counts
+every request and every body byte (bytes down = read, up = written) for every
+tool alike. Each read is checked against the data, each write read back; a cell
+that fails says so instead of a number.
+
+    python benchmarks/floor.py                  # a few minutes
+    python benchmarks/floor.py --quick          # under ~2 minutes
+    python benchmarks/floor.py --only s3 --latency-ms 0 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.storage import FsspecStore, LocalStore
+
+from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore.inner import LocalInner
+from shardstore.instrument import CountingInner, CountingStore
+from shardstore.testing.s3 import LocalS3, local_s3
+
+tensorstore: Any
+try:
+    import tensorstore
+except ImportError:  # a test extra only
+    tensorstore = None
+
+MiB = 2**20
+Counts = tuple[int, int, int]  # requests, bytes read, bytes written
+Sel = tuple[slice, slice]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    shape: tuple[int, int]
+    chunks: tuple[int, int]
+    cps: tuple[int, int]
+    compressors: Any
+    workloads: tuple[str, ...]
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        return (self.chunks[0] * self.cps[0], self.chunks[1] * self.cps[1])
+
+    def describe(self) -> str:
+        (h, w), (a, b), (p, q) = self.shape, self.chunks, self.cps
+        kib = a * b * 4 // 1024
+        return (
+            f"{self.name}: {h}x{w} float32 ({h * w * 4 / MiB:g} MiB), chunks {a}x{b} ({kib} KiB), "
+            f"{p}x{q} chunks/shard ({kib * p * q / 1024:g} MiB), {'zstd' if self.compressors else 'none'}"
+        )
+
+    def chunk(self, i: int, j: int) -> Sel:
+        a, b = self.chunks
+        return slice(i * a, (i + 1) * a), slice(j * b, (j + 1) * b)
+
+    def picks(self, n: int, seed: int) -> list[Sel]:
+        rng = np.random.default_rng(seed)
+        grid = (self.shape[0] // self.chunks[0], self.shape[1] // self.chunks[1])
+        return [self.chunk(int(rng.integers(grid[0])), int(rng.integers(grid[1]))) for _ in range(n)]
+
+
+READS = ("cold chunk", "warm chunk", "slab", "whole read")
+WRITES = ("whole write", "whole write batch", "1-chunk update")  # run in this order
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    layout: str  # the copy it reads and the layout it writes: unsharded, codec, shardstore
+    tool: str = "zarr"
+    options: dict[str, Any] = field(default_factory=dict)
+    pipeline: bool = False
+    writes: bool = True
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        if self.pipeline:
+            return zarr.config.set({"codec_pipeline.path": PIPELINE_PATH})  # type: ignore[no-any-return]
+        return contextlib.nullcontext()
+
+
+def variants() -> list[Variant]:
+    out = [Variant("unsharded", "unsharded"), Variant("codec", "codec")]
+    if tensorstore is not None:
+        out.append(Variant("tensorstore", "codec", tool="tensorstore"))
+    out += [
+        Variant("shardstore", "shardstore"),
+        Variant("ss revalidate", "shardstore", options={"index_cache": "revalidate"}, writes=False),
+    ]
+    out.append(Variant("ss pipeline", "shardstore", pipeline=True))
+    return out
+
+
+def _ts_file_counts() -> Counts:
+    found = tensorstore.experimental_collect_matching_metrics("/tensorstore/kvstore/file/")
+    m = {x["name"].rsplit("/", 1)[1]: x["values"][0].get("value", 0) for x in found if x["values"]}
+    requests = sum(int(m.get(k, 0)) for k in ("read", "write", "delete_range", "list"))
+    return requests, int(m.get("bytes_read", 0)), int(m.get("bytes_written", 0))
+
+
+class LocalBackend:
+    """Directories under ``root``; one counting wrapper per copy, shared by every open."""
+
+    title = "local directory"
+    latency_s = 0.0
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.counted: dict[str, CountingStore | CountingInner] = {}
+
+    def _counted(self, layout: str, path: str) -> Any:
+        if path not in self.counted:
+            where = os.path.join(self.root, path)
+            self.counted[path] = (
+                CountingInner(LocalInner(where))
+                if layout == "shardstore"
+                else CountingStore(LocalStore(where))
+            )
+        return self.counted[path]
+
+    def store(self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any]) -> Any:
+        counted = self._counted(layout, path)
+        return ShardingStore(counted, cps, **options) if layout == "shardstore" else counted
+
+    def kvstore(self, path: str) -> dict[str, Any]:
+        return {"driver": "file", "path": os.path.join(self.root, path, "a") + "/"}
+
+    def meter(self, v: Variant, path: str) -> Callable[[], Counts] | None:
+        if v.tool == "tensorstore":
+            return _ts_file_counts if hasattr(tensorstore, "experimental_collect_matching_metrics") else None
+
+        def counts() -> Counts:
+            c = self._counted(v.layout, path).counts
+            return c.reads + c.writes + c.deletes + c.lists + c.sizes, c.bytes_read, c.bytes_written
+
+        return counts
+
+    def untimed(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+
+class S3Backend:
+    """Keys in the moto bucket; the proxy counts every tool's requests and bytes."""
+
+    def __init__(self, s3: LocalS3, latency_s: float) -> None:
+        self.s3, self.latency_s = s3, latency_s
+        self.title = f"S3 API (moto, +{latency_s * 1000:g} ms/request)"
+
+    def store(self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any]) -> Any:
+        url, so = self.s3.url(path), self.s3.storage_options
+        if layout == "shardstore":
+            return ShardingStore(url, cps, storage_options=so, **options)
+        return FsspecStore.from_url(url, storage_options=so)
+
+    def kvstore(self, path: str) -> dict[str, Any]:
+        return {
+            "driver": "s3",
+            "bucket": self.s3.bucket,
+            "path": f"{path}/a/",
+            "endpoint": self.s3.endpoint_url,
+            "aws_region": "us-east-1",
+            "aws_credentials": {"type": "environment"},  # moto's dummy keys, set in main()
+        }
+
+    def meter(self, v: Variant, path: str) -> Callable[[], Counts]:
+        return lambda: (self.s3.requests, self.s3.bytes_down, self.s3.bytes_up)
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Setup and checks without the added latency."""
+        self.s3.latency_s = 0.0
+        try:
+            yield
+        finally:
+            self.s3.latency_s = self.latency_s
+
+
+Backend = LocalBackend | S3Backend
+
+
+class TsArray:
+    """A tensorstore with numpy-style reads and writes, as zarr arrays have."""
+
+    def __init__(self, t: Any) -> None:
+        self.t = t
+
+    def __getitem__(self, sel: Sel) -> np.ndarray:
+        return np.asarray(self.t[sel].read().result())
+
+    def __setitem__(self, sel: Any, value: np.ndarray) -> None:
+        self.t[sel].write(value).result()
+
+
+def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = False) -> tuple[Any, Any]:
+    """(array, store) of the array at ``path``, through a newly opened store."""
+    if v.tool == "tensorstore":
+        spec: dict[str, Any] = {"driver": "zarr3", "kvstore": b.kvstore(path)}
+        if warm:
+            spec["context"] = {"cache_pool": {"total_bytes_limit": 2**28}}
+        return TsArray(tensorstore.open(spec).result()), None
+    store = b.store(v.layout, path, ds.cps, v.options)
+    return zarr.open_array(store, path="a"), store
+
+
+def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, Any]:
+    """A new empty array at ``path`` in ``v``'s layout (tensorstore's made by zarr)."""
+    store = b.store(v.layout, path, ds.cps, v.options)
+    arr = zarr.create_array(
+        store,
+        name="a",
+        shape=ds.shape,
+        chunks=ds.chunks,
+        shards=ds.shard if v.layout == "codec" else None,
+        dtype="f4",
+        compressors=ds.compressors,
+    )
+    return open_array(b, v, ds, path) if v.tool == "tensorstore" else (arr, store)
+
+
+def reference(v: Variant) -> Variant:
+    """The plain zarr reader of what ``v`` wrote, to check it independently."""
+    return Variant(v.layout, v.layout)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> None:
+    if not np.array_equal(got, want):
+        raise AssertionError("wrong data")
+
+
+@dataclass
+class Cell:
+    workload: str
+    variant: str
+    seconds: float | None = None
+    counts: tuple[float, float, float] | None = None
+    note: str = ""
+
+
+@dataclass
+class Job:
+    """What a workload needs: the backend, the dataset, its data and copies."""
+
+    b: Backend
+    ds: Dataset
+    data: np.ndarray
+    copies: dict[str, str]
+    picks: list[Sel]
+    updates: list[Sel]
+    written: dict[str, str] = field(default_factory=dict)  # variant -> path of its "whole write"
+
+
+@dataclass
+class Timed:
+    action: Callable[[], None]
+    ops: int
+    path: str  # the array it touches (whose counters to read)
+    check: Callable[[], None] | None = None  # run after the timing
+
+
+def setup(job: Job, v: Variant, workload: str) -> Timed:
+    """Untimed preparation of one repeat of ``workload``."""
+    b, ds, data = job.b, job.ds, job.data
+    copy = job.copies[v.layout]
+    if workload == "cold chunk":
+
+        def cold() -> None:
+            for sel in job.picks:
+                _same(open_array(b, v, ds, copy)[0][sel], data[sel])
+
+        return Timed(cold, len(job.picks), copy)
+    if workload == "warm chunk":
+        arr = open_array(b, v, ds, copy, warm=True)[0]
+        for sel in job.picks:
+            arr[sel]
+
+        def warm() -> None:
+            for sel in job.picks:
+                _same(arr[sel], data[sel])
+
+        return Timed(warm, len(job.picks), copy)
+    if workload in ("slab", "whole read"):
+        arr = open_array(b, v, ds, copy)[0]
+        rows = ds.chunk(ds.shape[0] // ds.chunks[0] // 2, 0)[0] if workload == "slab" else slice(None)
+        return Timed(lambda: _same(arr[rows], data[rows]), 1, copy)
+
+    def check(path: str, want: np.ndarray) -> Callable[[], None]:
+        def read_back() -> None:
+            with b.untimed():
+                _same(open_array(b, reference(v), ds, path)[0][:], want)
+
+        return read_back
+
+    if workload == "1-chunk update":
+        if v.name not in job.written:
+            raise RuntimeError("no array to update: its whole write failed")
+        path = job.written[v.name]
+        arr = open_array(b, v, ds, path)[0]
+        values = np.random.default_rng(3).standard_normal((len(job.updates), *ds.chunks)).astype("f4")
+        want = data.copy()
+        for sel, value in zip(job.updates, values, strict=True):
+            want[sel] = value
+
+        def update() -> None:
+            for sel, value in zip(job.updates, values, strict=True):
+                arr[sel] = value
+
+        return Timed(update, len(job.updates), path, check(path, want))
+    path = f"{ds.name}/{v.name.replace(' ', '-')}-{uuid.uuid4().hex[:8]}"
+    with b.untimed():
+        arr, store = create_array(b, v, ds, path)
+    if workload == "whole write":
+        job.written[v.name] = path
+
+    def write() -> None:
+        with store.batch() if workload == "whole write batch" else contextlib.nullcontext():
+            arr[:] = data
+
+    return Timed(write, 1, path, check(path, data))
+
+
+def applies(v: Variant, workload: str) -> bool:
+    if workload == "whole write batch":
+        return v.layout == "shardstore" and v.writes
+    return v.writes or workload in READS
+
+
+def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
+    """Best time per operation of ``repeats``; counts per operation from the last."""
+    cell = Cell(workload, v.name)
+    if not applies(v, workload):
+        return cell
+    try:
+        with v.context():  # around open and operation alike
+            best = float("inf")
+            for _ in range(repeats):
+                timed = setup(job, v, workload)
+                meter = job.b.meter(v, timed.path)
+                before = meter() if meter else None
+                t0 = time.perf_counter()
+                timed.action()
+                best = min(best, (time.perf_counter() - t0) / timed.ops)
+                if meter is not None and before is not None:
+                    (r1, b1, w1), (r0, b0, w0) = meter(), before
+                    cell.counts = ((r1 - r0) / timed.ops, (b1 - b0) / timed.ops, (w1 - w0) / timed.ops)
+                if timed.check:
+                    timed.check()
+            cell.seconds = best
+    except Exception as e:  # a failing cell is reported, the run goes on
+        cell.seconds, cell.counts = None, None
+        cell.note = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:70]}"
+        traceback.print_exc(limit=-3)
+    return cell
+
+
+def write_copies(b: Backend, ds: Dataset, data: np.ndarray) -> dict[str, str]:
+    """The copies the reads read: unsharded, codec, shardstore (written in a batch)."""
+    copies = {}
+    with b.untimed():
+        for layout in ("unsharded", "codec", "shardstore"):
+            path = copies[layout] = f"{ds.name}/{layout}"
+            arr, store = create_array(b, Variant(layout, layout), ds, path)
+            with store.batch() if layout == "shardstore" else contextlib.nullcontext():
+                arr[:] = data
+    return copies
+
+
+def run(b: Backend, ds: Dataset, n_reads: int, n_updates: int, repeats: int) -> list[Cell]:
+    data = np.random.default_rng(0).standard_normal(ds.shape).astype("f4")
+    job = Job(b, ds, data, write_copies(b, ds, data), ds.picks(n_reads, 1), ds.picks(n_updates, 2))
+    return [measure(job, v, w, repeats) for w in ds.workloads for v in variants()]
+
+
+def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: int, repeats: int) -> None:
+    latency = b.latency_s if isinstance(b, S3Backend) else 0.0
+    print(f"\n## {b.title} · {ds.describe()}")
+    notes = [f"seconds best of {repeats}", f"cold/warm chunk: per read ({n_reads} reads)"]
+    if "1-chunk update" in ds.workloads:
+        notes += [
+            f"1-chunk update: per update ({n_updates})",
+            "whole write batch: vs the codec's whole write",
+        ]
+    print("   " + "; ".join(notes))
+    head = f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'requests/op':>11}"
+    head += f" {'MiB read/op':>11} {'MiB written/op':>14}" + (f" {'round trips':>11}" if latency else "")
+    print(head)
+    codec = {c.workload: c.seconds for c in cells if c.variant == "codec"}
+    codec["whole write batch"] = codec.get("whole write")
+    previous = None
+    for c in cells:
+        if previous and c.workload != previous:
+            print()
+        previous = c.workload
+        label = f"{c.workload:<18} {c.variant:<14}"
+        if c.seconds is None:
+            print(f"{label} {c.note or '-':>9}")
+            continue
+        base = codec.get(c.workload)
+        ratio = f"{c.seconds / base:8.2f}" if base else f"{'-':>8}"
+        if c.counts is None:
+            counts = f"{'-':>11} {'-':>11} {'-':>14}"
+        else:
+            requests, read, written = c.counts
+            counts = f"{requests:11.2f} {read / MiB:11.4f} {written / MiB:14.4f}"
+        trips = f" {c.seconds / latency:11.1f}" if latency else ""
+        print(f"{label} {c.seconds:9.5f} {ratio} {counts}{trips}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller arrays and fewer operations")
+    parser.add_argument("--only", choices=("local", "s3"), help="run one backend only")
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="added to every S3 request (0 allowed)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="best of (default: 2 local, 1 on S3; 1 with --quick)"
+    )
+    parser.add_argument("--size", type=int, default=None, help="side of the main array (default 2048)")
+    args = parser.parse_args()
+    if args.size is not None and (args.size <= 0 or args.size % 512):
+        parser.error("--size must be a positive multiple of 512 (a shard of the main array)")
+    repeats = args.repeats or (1 if args.quick else 2)
+    s3_repeats = args.repeats or 1  # S3 times are mostly the added latency, which does not vary
+    side = args.size or (1024 if args.quick else 2048)
+    main_ds = Dataset("main", (side, side), (64, 64), (8, 8), "auto", READS + WRITES)
+    big_shape = (1024, 4096) if args.quick else (2048, 4096)
+    big_ds = Dataset("big", big_shape, (256, 512), (4, 4), None, ("cold chunk", "warm chunk"))
+    # (dataset, reads local, updates local, reads S3, updates S3)
+    plan = [(main_ds, 50, 20, 12, 8), (big_ds, 20, 0, 8, 0)]
+    if not args.quick:
+        plan = [(main_ds, 200, 50, 30, 16), (big_ds, 50, 0, 16, 0)]
+    print(
+        f"# floor benchmark: zarr {zarr.__version__} (async.concurrency "
+        f"{zarr.config.get('async.concurrency')}), tensorstore {'yes' if tensorstore else 'not installed'}"
+    )
+    t0 = time.perf_counter()
+    if args.only != "s3":
+        with tempfile.TemporaryDirectory() as tmp:
+            local = LocalBackend(tmp)
+            for ds, n, m, _, _ in plan:
+                report(local, ds, run(local, ds, n, m, repeats), n, m, repeats)
+    if args.only != "local":
+        os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's
+        with local_s3() as s3:
+            remote = S3Backend(s3, args.latency_ms / 1000)
+            s3.latency_s = remote.latency_s
+            for ds, _, _, n, m in plan:
+                report(remote, ds, run(remote, ds, n, m, s3_repeats), n, m, s3_repeats)
+    print(f"\n# total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
