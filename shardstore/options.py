@@ -129,9 +129,10 @@ class ReadPolicy:
     ``whole``: when to fetch a shard whole rather than read ranges of it — on
     every read not served from the shard cache (``"always"``), on a read that
     finds its index uncached or when it is read again and again (``"first"``),
-    only when it is read again and again (``"repeat"``) — all only for arrays whose uncompressed shard is at most
-    ``whole_limit`` bytes (None: any) — or only when one batch wants half of it
-    and its index is not cached (``"never"``; also the fallback of the others).
+    only when it is read again and again (``"repeat"``) — all only for arrays
+    whose uncompressed shard is at most ``whole_limit`` bytes (None: any) — or
+    only when one batch wants half of it and its index is not cached
+    (``"never"``; also the fallback of the others).
     ``validate``: check cached entries against the object's version where the
     store tells it cheaply; otherwise a cached shard is served for ``max_age``
     seconds (None: until evicted); with ``revalidate`` a cached shard past that

@@ -343,6 +343,8 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                     chunks.pop(chunk_id, None)
                 else:
                     chunks[chunk_id] = value
+            if not chunks and old is not None and not self._inner.capabilities.ordered_deletes:
+                return self.sharding.build({})  # kept, empty: see Capabilities.ordered_deletes
             return self.sharding.build(chunks) if chunks else None
 
         try:

@@ -13,11 +13,12 @@ import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
 from shardstore import BatchCommitError, ShardingStore
-from shardstore.inner import LocalInner
+from shardstore.inner import LocalInner, MappingInner
+from shardstore.inner.base import Capabilities
 from shardstore.instrument import CountingInner
 from shardstore.maintenance import compact, shard_reports
 
-from .helpers import inner_keys, sample
+from .helpers import inner_keys, logical_keys, sample
 
 SHAPE, CHUNKS, CPS = (256, 256), (16, 16), (4, 4)  # 16 x 16 chunks in 4 x 4 shards
 
@@ -323,3 +324,26 @@ def test_keys_named_like_temporary_files_are_still_listed(tmp_path: Path) -> Non
 
     assert asyncio.run(listing("")) == [".partial", "x.partial", "zarr.json"]
     assert sorted(root.group_keys()) == [".partial"] and sorted(root.array_keys()) == ["x.partial"]
+
+
+class _UncheckedDeletes(MappingInner):
+    """Conditional writes but deletes that cannot check a version (as obstore's)."""
+
+    capabilities = Capabilities(conditional_writes=True)
+
+
+@pytest.mark.parametrize("deletes", ["ordered", "unchecked"])
+def test_an_emptied_shard_is_kept_empty_where_a_delete_cannot_be_checked(deletes: str) -> None:
+    backing: dict[str, Any] = {}
+    inner = MappingInner(backing) if deletes == "ordered" else _UncheckedDeletes(backing)
+    store = ShardingStore(inner, (2, 2))
+    arr = zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="i4", fill_value=0)
+    arr[:4, :4] = 1
+    arr[:4, :4] = 0  # every chunk of shard (0, 0) leaves it
+    kept = "a/c/0/0" in backing
+    assert kept == (deletes == "unchecked")
+    if kept:  # an index of empty entries: no chunk, nothing damaged, nothing listed
+        assert len(backing["a/c/0/0"]) == 2 * 2 * 16
+        assert [k for k in logical_keys(store, "a/c/")] == []
+    arr[0, 0] = 3
+    assert arr[0, 0] == 3 and arr[1:4, 1:4].sum() == 0

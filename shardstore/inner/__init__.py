@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -26,6 +26,9 @@ from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.local import LocalInner
 from shardstore.inner.s3 import S3Inner, is_s3
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
+
+if TYPE_CHECKING:  # obstore is optional: ObstoreInner is imported on first use (__getattr__)
+    from shardstore.inner.obstore import ObstoreInner as ObstoreInner
 
 __all__ = [
     "STALE",
@@ -41,6 +44,14 @@ __all__ = [
     "adapt",
     "slice_range",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ObstoreInner":
+        from shardstore.inner.obstore import ObstoreInner
+
+        return ObstoreInner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerStore:

@@ -93,6 +93,18 @@ class Capabilities:
     append: bool = False
     """:meth:`InnerStore.append` adds bytes to an object in place, and suffix and
     whole reads see an append whole or not at all (never a torn tail)."""
+    conditional_deletes: bool = False
+    """``write_if(key, None, version)`` checks the version too (S3: ``If-Match`` on
+    the DELETE)."""
+
+    @property
+    def ordered_deletes(self) -> bool:
+        """A delete in :meth:`InnerStore.update` is ordered against other writers: by
+        this process's locks (stores without conditional writes) or by a conditional
+        delete. Elsewhere an update that empties a shard writes an empty shard
+        instead, since an unchecked delete could remove another process's update
+        made in between."""
+        return self.conditional_deletes or not self.conditional_writes
 
     @property
     def in_memory(self) -> bool:

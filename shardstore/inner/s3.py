@@ -75,7 +75,9 @@ class S3Inner(FsspecInner):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = Capabilities(remote=True, versioned_ranges=True, conditional_writes=True)
+        self.capabilities = Capabilities(
+            remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
+        )
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]

@@ -308,6 +308,8 @@ class ShardWriter:
                     chunks.pop(pos, None)
                 else:
                     chunks[pos] = value
+            if not chunks and blob is not None and not self._inner.capabilities.ordered_deletes:
+                return shard.shard_format.build({})  # kept, empty: see Capabilities.ordered_deletes
             return shard.shard_format.build(chunks) if chunks else None
 
         # Every chunk new: no need to read the old shard. Either way the inner store
