@@ -3,7 +3,8 @@
 Shows that ``ShardingStore(directory, chunks_per_shard=(8, 8))`` stores 256 zarr
 chunks as 4 shard objects, that a fresh store re-opens the array with no
 configuration (it is recorded in the array's metadata), and that
-``store.batch()`` writes each shard once, without reading it.
+``store.batch()`` and shardstore's zarr codec pipeline (``ShardAwarePipeline``,
+chosen by zarr configuration) write each shard once, without reading it.
 
 Run: python examples/quickstart.py   (writes into a temporary directory it removes)
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from shardstore import ShardingStore
+from shardstore import PIPELINE_PATH, ShardingStore
 from shardstore.instrument import CountingInner
 from shardstore.maintenance import list_keys
 
@@ -63,6 +64,16 @@ def main(directory: Path) -> None:
     print(f"batch():       {c.writes} shard writes, {c.reads} reads, {c.bytes_written:,} bytes written")
     fresh = zarr.open_array(ShardingStore(str(root)), path="pressure", mode="r")
     print("batch() read back equal:", np.array_equal(fresh[:], data * 2))
+
+    # 4. The pipeline: zarr hands it the whole selection, it commits each shard once.
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):  # before opening the array
+        piped = zarr.open_array(batched, path="pressure")
+        c.reset()
+        piped[:] = data * 3
+        print(f"pipeline:      {c.writes} shard writes, {c.reads} reads, {c.bytes_written:,} bytes written")
+        c.reset()
+        equal = np.array_equal(piped[:], data * 3)
+        print(f"pipeline read back equal: {equal} | {c.reads} reads in {c.read_batches} batch")
 
 
 if __name__ == "__main__":

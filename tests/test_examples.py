@@ -26,6 +26,8 @@ EXPECTED: dict[str, list[str]] = {
         '"chunks_per_shard": [8, 8]',
         "batch():       4 shard writes, 0 reads",
         "batch() read back equal: True",
+        "pipeline:      4 shard writes, 0 reads",
+        "pipeline read back equal: True | 4 reads in 1 batch",
     ],
     "xarray_dask_cluster.py": [
         "before rechunk_to_shards: 16x16 dask blocks of 32x32",
