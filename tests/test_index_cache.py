@@ -98,7 +98,7 @@ def test_cache_stays_within_its_bound(tmp_path: Path) -> None:
 
 
 def test_a_chunk_another_writer_adds_is_seen_at_once_on_local_files(tmp_path: Path) -> None:
-    """ "Absent" from a cached index is checked by a stat: a chunk added since is read."""
+    """An "absent" from a cached index is checked by a stat: a chunk added since is read."""
     counted = CountingInner(LocalInner(tmp_path))
     reader = ShardingStore(counted, chunks_per_shard=(4, 4), read_strategy="chunk")
     writer = ShardingStore(str(tmp_path), chunks_per_shard=(4, 4))
