@@ -78,7 +78,8 @@ class StoreOptions:
     keeps cached shards but asks for each again on every read, downloading it
     only if it changed (S3: a conditional GET on its ETag); ``"trust"`` caches
     both until evicted (data that only this store changes); ``"off"`` caches
-    nothing. Writes through a store always drop what it cached. ``index_cache_bytes`` bounds the index cache.
+    nothing. Writes through a store always drop what it cached.
+    ``index_cache_bytes`` bounds the index cache.
     ``write_attempts``: conditional writes one commit tries against other
     writers before :class:`~shardstore.errors.ShardConflictError`.
     ``whole_shard_bytes``: the byte budget of ``read_strategy="auto"`` above (None:

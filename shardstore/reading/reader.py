@@ -410,12 +410,16 @@ class ShardReader:
         found = await self.shard_indices(list(shards.values()), fresh=fresh)
         out: list[tuple[int, int, Hashable | None] | None] = []
         doubtful: dict[str, ShardAddress] = {}
+        checked: set[str] = set()  # one check per shard
         for chunk in chunks:
-            table, version = found[chunk.shard.key]
+            key = chunk.shard.key
+            table, version = found[key]
             where = None if table is None else table_entry(table, chunk.position)
             out.append(None if where is None else (*where, version))
-            if where is None and table is not None and self._absence_unchecked(chunk.shard.key, since):
-                doubtful[chunk.shard.key] = chunk.shard
+            if where is None and table is not None and key not in checked:
+                checked.add(key)
+                if self._absence_unchecked(key, since):
+                    doubtful[key] = chunk.shard
         if doubtful:
             again = await self.shard_indices(list(doubtful.values()), fresh=True)
             for slot, chunk in enumerate(chunks):
