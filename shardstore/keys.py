@@ -19,6 +19,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteReques
 from shardstore.errors import InvalidKeyError
 
 __all__ = [
+    "INTEGER",
     "ChunkKeyGrammar",
     "candidate_array_paths",
     "check_byte_range",
@@ -29,7 +30,10 @@ __all__ = [
     "split_key",
 ]
 
-_INT = re.compile(r"0|[1-9][0-9]*")
+INTEGER = re.compile(r"0|[1-9][0-9]*")
+"""A canonical non-negative integer, as chunk key encodings spell coordinates."""
+_INTS = {sep: re.compile(rf"(?:0|[1-9][0-9]*)(?:{re.escape(sep)}(?:0|[1-9][0-9]*))*") for sep in "/."}
+"""Canonical integers joined by each separator: a whole tail checked in one match."""
 _DOTTED = re.compile(r"(?:c|0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 _DRAFT_FIRST = re.compile(r"c(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 
@@ -96,10 +100,9 @@ class ChunkKeyGrammar:
             if not tail.startswith(lead):
                 return None
             tail = tail[len(lead) :]
-        parts = tail.split(self.separator)
-        if all(_INT.fullmatch(p) for p in parts):
-            return tuple(int(p) for p in parts)
-        return None
+        if _INTS[self.separator].fullmatch(tail) is None:
+            return None
+        return tuple(map(int, tail.split(self.separator)))
 
     def decode_rank(self, tail: str, ndim: int) -> tuple[int, ...] | None:
         coords = self.decode(tail)
@@ -126,7 +129,7 @@ def candidate_array_paths(key: str) -> list[str]:
     segs = key.split("/")
     n = len(segs)
     j = n
-    while j > 0 and _INT.fullmatch(segs[j - 1]):
+    while j > 0 and INTEGER.fullmatch(segs[j - 1]):
         j -= 1
     cuts: list[int] = []
     if j > 0 and segs[j - 1] == "c":
@@ -148,11 +151,13 @@ def locate_chunk(coords: tuple[int, ...], chunks_per_shard: tuple[int, ...]) -> 
     """The shard holding a chunk (grid coordinates floor-divided by chunks_per_shard) and
     the chunk's C-order position in that shard's index. Plain ints: one key at a time,
     numpy would cost more than the arithmetic."""
-    shard = tuple(c // n for c, n in zip(coords, chunks_per_shard, strict=True))
+    shard: list[int] = []
     position = 0
     for c, n in zip(coords, chunks_per_shard, strict=True):
-        position = position * n + c % n
-    return shard, position
+        q, r = divmod(c, n)
+        shard.append(q)
+        position = position * n + r
+    return tuple(shard), position
 
 
 def chunk_coords_in_shard(

@@ -13,7 +13,7 @@ from typing import Literal, TypeAlias
 from shardstore.addressing import ChunkAddress, locate
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ChunkKeyError
-from shardstore.keys import split_key
+from shardstore.keys import INTEGER, split_key
 from shardstore.metadata import METADATA_NAMES, ArrayInfo
 
 __all__ = ["Destination", "KeyRouter"]
@@ -22,13 +22,18 @@ Destination: TypeAlias = ChunkAddress | Literal["metadata", "inner", "absent"]
 """A chunk of a sharded array, a metadata document, a pass-through key, or a key
 shaped like a chunk key of a sharded array that is none (reads find nothing)."""
 
-_ADDRESS_CACHE = 1 << 17
-"""Chunk keys whose shard address is remembered (cleared when full)."""
+_CACHE_ENTRIES = 1 << 17
+"""Chunk keys whose shard address (and directories whose array) are remembered
+(each cache cleared when full)."""
 
 
-def _in_grid(info: ArrayInfo, key: str) -> bool:
+def _place(info: ArrayInfo | None, key: str) -> tuple[tuple[int, ...] | None, bool]:
+    """Grid coordinates of ``key`` if it is a chunk key of the sharded array ``info``
+    (any position), and whether they lie inside the array's grid."""
+    if info is None or info.shard_format is None:
+        return None, False
     coords = info.coords(key)
-    return coords is not None and info.in_grid(coords)
+    return coords, coords is not None and info.in_grid(coords)
 
 
 class KeyRouter:
@@ -39,23 +44,45 @@ class KeyRouter:
         self._catalog = catalog
         # chunk key -> (catalog generation, address): zarr touches the same keys over and over
         self._addresses: dict[str, tuple[int, ChunkAddress]] = {}
+        # directory -> (catalog generation, the array of its integer-named keys), see _array_for
+        self._arrays: dict[str, tuple[int, ArrayInfo | None]] = {}
+
+    async def _array_for(self, key: str, directory: str, name: str) -> ArrayInfo | None:
+        """``catalog.array_for_key(key)``, remembered per directory for keys whose last
+        segment is an integer (``a/c/3/4``): the array paths such a key could belong to,
+        and whether it is encoded like a chunk key of each, depend on that segment only
+        through its being an integer, so every such key of a directory has one answer."""
+        if INTEGER.fullmatch(name) is None:
+            return await self._catalog.array_for_key(key)
+        generation = self._catalog.generation
+        known = self._arrays.get(directory)
+        if known is not None and known[0] == generation:
+            return known[1]
+        info = await self._catalog.array_for_key(key)
+        # under the generation it was looked up at: stale at once if the lookup changed anything
+        if len(self._arrays) > _CACHE_ENTRIES:
+            self._arrays.clear()
+        self._arrays[directory] = (generation, info)
+        return info
 
     async def route(self, key: str, *, writing: bool = False) -> Destination:
         """Where ``key`` lives. Writes to a chunk key outside its array's grid, or of
         the wrong rank, raise ChunkKeyError (reads of those find nothing)."""
-        if split_key(key)[1] in METADATA_NAMES:
+        directory, name = split_key(key)
+        if name in METADATA_NAMES:
             return "metadata"
         known = self._addresses.get(key)
         if known is not None and known[0] == self._catalog.generation:
             return known[1]
-        info = await self._catalog.array_for_key(key)
-        if writing and (info is None or (info.shard_format is not None and not _in_grid(info, key))):
+        info = await self._array_for(key, directory, name)
+        coords, inside = _place(info, key)
+        if writing and not inside and (info is None or info.shard_format is not None):
             # The array may have been created or grown through another store instance.
             info = await self._catalog.array_for_key(key, refresh=True)
+            coords, inside = _place(info, key)
         if info is None or info.shard_format is None:
             return "inner"
-        coords = info.coords(key)
-        if writing and (coords is None or not info.in_grid(coords)):
+        if writing and not inside:
             what = (
                 "outside the chunk grid"
                 if coords is not None
@@ -68,8 +95,8 @@ class KeyRouter:
         if coords is None:
             return "absent"
         address = locate(info, key, coords)
-        if info.in_grid(coords):  # valid for reads and writes alike until the catalog changes
-            if len(self._addresses) > _ADDRESS_CACHE:
+        if inside:  # valid for reads and writes alike until the catalog changes
+            if len(self._addresses) > _CACHE_ENTRIES:
                 self._addresses.clear()
             self._addresses[key] = (self._catalog.generation, address)
         return address

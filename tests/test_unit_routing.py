@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from shardstore import ChunkKeyError
 from shardstore.addressing import ChunkAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.inner import MappingInner
 from shardstore.instrument import CountingInner
-from shardstore.routing import KeyRouter
+from shardstore.routing import Destination, KeyRouter
 from tests.test_unit_catalog import documents
 
 
@@ -64,3 +68,50 @@ async def test_addresses_are_remembered_until_the_catalog_changes() -> None:
     catalog.remember("g/a", "zarr.json", None)  # the array's document deleted
     again = await route.route("g/a/c/0/0")
     assert again is not first
+
+
+async def _outcome(route: KeyRouter, key: str, writing: bool) -> Destination | str:
+    try:
+        return await route.route(key, writing=writing)
+    except ChunkKeyError as exc:
+        return str(exc)
+
+
+_DIRECTORIES = st.one_of(
+    st.sampled_from(["g/a/c/1", "g/a/c", "old", "old/3", "g/v2e", "plain1d/c", ""]),
+    st.lists(st.sampled_from(["g", "a", "v2e", "old", "c", "0", "3", "1.2", "c1"]), max_size=4).map("/".join),
+)
+
+_NAMES = st.one_of(st.integers(0, 9).map(str), st.sampled_from(["1.2", "c", "01", "zarr.json"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_DIRECTORIES, st.lists(_NAMES, min_size=1, max_size=4), st.booleans()),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_keys_of_one_directory_route_as_if_each_were_looked_up_afresh(
+    cases: list[tuple[str, list[str], bool]],
+) -> None:
+    """The router remembers, per directory, the array of keys whose last segment is an
+    integer: every such key must go where a router looking it up afresh sends it."""
+
+    async def compare() -> None:
+        shared, _, _ = router()
+        for directory, names, writing in cases:
+            for name in names:
+                key = f"{directory}/{name}" if directory else name
+                fresh, _, _ = router()
+                assert await _outcome(shared, key, writing) == await _outcome(fresh, key, writing)
+
+    asyncio.run(compare())
+
+
+async def test_a_directorys_array_is_looked_up_again_once_the_catalog_changes() -> None:
+    route, catalog, _ = router()
+    assert isinstance(await route.route("g/a/c/0/0"), ChunkAddress)
+    catalog.remember("g/a", "zarr.json", None)  # the array's document deleted
+    assert await route.route("g/a/c/0/1") == "inner"  # same directory, not yet routed

@@ -30,7 +30,7 @@ def table_entry(table: ChunkTable, chunk: int) -> tuple[int, int] | None:
     """``(offset, nbytes)`` of a chunk in a table, None where absent."""
     if isinstance(table, dict):
         return table.get(chunk)
-    offset, nbytes = (int(v) for v in table[chunk])
+    offset, nbytes = table[chunk].tolist()  # Python ints, the cheapest way out of numpy
     return None if offset == 2**64 - 1 else (offset, nbytes)
 
 

@@ -246,16 +246,17 @@ class IndexedFormat(ShardFormat):
     def build(self, chunks: Mapping[int, bytes]) -> bytes:
         """A compact shard holding ``chunks`` (position -> encoded bytes) in position order."""
         positions = sorted(chunks)
-        sizes = np.fromiter((len(chunks[p]) for p in positions), dtype=np.uint64, count=len(positions))
-        base = self.index_nbytes if self.index_location == "start" else 0
-        offsets = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(base)
+        parts = [chunks[p] for p in positions]
+        sizes = np.fromiter(map(len, parts), dtype=np.uint64, count=len(parts))
+        start = self.index_location == "start"
+        offsets = np.cumsum(sizes, dtype=np.uint64) - sizes + np.uint64(self.index_nbytes if start else 0)
         index = self.empty_index()
         if positions:
             index[positions, 0] = offsets
             index[positions, 1] = sizes
-        body = b"".join(chunks[p] for p in positions)
         raw_index = self.encode_index(index)
-        return raw_index + body if self.index_location == "start" else body + raw_index
+        # one join: the shard's bytes are copied once (a shard is megabytes, each copy costs)
+        return b"".join([raw_index, *parts] if start else [*parts, raw_index])
 
     def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
         """Each distinct problem once, naming its entries."""

@@ -51,6 +51,7 @@ class LocalInner(InnerStore):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
+        self._root = os.fspath(self.root)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalInner) and self.root == other.root
@@ -83,7 +84,8 @@ class LocalInner(InnerStore):
 
     def version(self, key: str) -> Hashable | None:
         try:
-            stat = os.stat(self._path(key))
+            # a string path: a Path costs more than the stat (cached shards are checked per read)
+            stat = os.stat(os.path.join(self._root, key))
         except (FileNotFoundError, NotADirectoryError):
             return None
         return (stat.st_ino, stat.st_size, stat.st_mtime_ns)

@@ -57,6 +57,13 @@ def independent_of_old(updates: list[Update]) -> bool:
     return bool(updates) and not isinstance(updates[0], Splice)
 
 
+def _gives_value(updates: list[Update] | None) -> bool:
+    """Whether updates leave the chunk a value (not erased) known without reading the
+    old one: they start from a whole value or an erase, and do not end erasing it (a
+    splice after an erase writes into empty bytes)."""
+    return updates is not None and independent_of_old(updates) and updates[-1] is not None
+
+
 def merge_updates(into: ShardUpdates, updates: Mapping[int, list[Update]]) -> None:
     """Add updates after those already queued: a full value replaces, a splice stacks."""
     for pos, ups in updates.items():
@@ -79,8 +86,4 @@ def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
     needed = shard.in_grid_positions()
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False
-    for pos in needed:
-        ups = updates.get(pos)
-        if ups is None or not independent_of_old(ups) or apply_updates(None, ups) is None:
-            return False
-    return True
+    return all(_gives_value(updates.get(pos)) for pos in needed)

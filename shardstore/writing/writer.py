@@ -288,17 +288,19 @@ class ShardWriter:
 
     async def _commit_by_strategy(self, job: _Job, updates: ShardUpdates) -> None:
         shard = job.shard
+        whole = covers_shard(shard, updates)  # every chunk new: the old shard need not be read
         appendable = (
             self.strategy == "append"
             and not job.compact
             and shard.shard_format.appendable
-            and not covers_shard(shard, updates)  # a whole new shard is written compact
+            and not whole  # a whole new shard is written compact
         )
         if not appendable or not await self._append(shard, updates):
-            await self._rewrite(shard, updates)
+            await self._rewrite(shard, updates, read_old=not whole)
 
-    async def _rewrite(self, shard: ShardAddress, updates: ShardUpdates) -> None:
-        """One compact object for the whole shard; read the old one unless the updates cover it."""
+    async def _rewrite(self, shard: ShardAddress, updates: ShardUpdates, *, read_old: bool) -> None:
+        """One compact object for the whole shard, from the old one (``read_old``) or, where
+        the updates cover the shard, from the updates alone."""
 
         def change(blob: bytes | None) -> bytes | None:
             chunks = {} if blob is None else shard.shard_format.split(blob, shard.key)
@@ -312,11 +314,9 @@ class ShardWriter:
                 return shard.shard_format.build({})  # kept, empty: see Capabilities.ordered_deletes
             return shard.shard_format.build(chunks) if chunks else None
 
-        # Every chunk new: no need to read the old shard. Either way the inner store
-        # orders this against other writers of the shard (locks, conditional writes).
-        await self._inner.update(
-            shard.key, change, read_old=not covers_shard(shard, updates), attempts=self._attempts
-        )
+        # Either way the inner store orders this against other writers of the shard
+        # (locks, conditional writes).
+        await self._inner.update(shard.key, change, read_old=read_old, attempts=self._attempts)
 
     async def _append(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
@@ -331,7 +331,7 @@ class ShardWriter:
             fmt.check_ranges(index, size, shard.key)
             new_index, parts, offset = index.copy(), [], size
             for pos, ups in updates.items():
-                offset_old, nbytes_old = (int(v) for v in index[pos])
+                offset_old, nbytes_old = index[pos].tolist()
                 old = None
                 if offset_old != MISSING and not independent_of_old(ups):
                     old = read(offset_old, offset_old + nbytes_old)
@@ -352,5 +352,5 @@ class ShardWriter:
         if not await self._inner.append(shard.key, build):
             return False
         if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
-            await self._rewrite(shard, updates)
+            await self._rewrite(shard, updates, read_old=True)
         return True
