@@ -64,6 +64,7 @@ class _Held:
         self.written.append((self.path, value))
 
     async def set_if_not_exists(self, default: Buffer) -> None:
+        """(ByteSetter's; zarr writes chunks with ``set``, never with this.)"""
         if self.value is None:
             await self.set(default)
 
