@@ -7,6 +7,9 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +185,17 @@ def test_an_unsharded_array_under_the_pipeline_is_one_object_per_chunk(tmp_path:
     np.testing.assert_array_equal(
         zarr.open_array(ShardingStore(str(tmp_path / "s")), path="v")[:], np.arange(40)
     )
+
+
+def test_the_environment_variable_selects_the_pipeline_without_importing_shardstore() -> None:
+    """The ``zarr.codec_pipeline`` entry point registers it: a dask worker configured by
+    environment alone gets it for any array, and zarr's behaviour for other stores."""
+    script = (
+        "import zarr; from zarr.storage import MemoryStore\n"
+        "a = zarr.create_array(MemoryStore(), name='a', shape=(8,), chunks=(2,), dtype='i4')\n"
+        "a[:] = 3\n"
+        "print(type(a._async_array.codec_pipeline).__name__, int(a[:].sum()))\n"
+    )
+    env = {**os.environ, "ZARR_CODEC_PIPELINE__PATH": PIPELINE_PATH}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["ShardAwarePipeline", "24"]
