@@ -408,26 +408,17 @@ class ShardReader:
         shards = {c.shard.key: c.shard for c in chunks}
         since = time.monotonic()
         found = await self.shard_indices(list(shards.values()), fresh=fresh)
-        out: list[tuple[int, int, Hashable | None] | None] = []
-        doubtful: dict[str, ShardAddress] = {}
-        checked: set[str] = set()  # one check per shard
-        for chunk in chunks:
-            key = chunk.shard.key
-            table, version = found[key]
+
+        def entry(chunk: ChunkAddress) -> tuple[int, int, Hashable | None] | None:
+            table, version = found[chunk.shard.key]
             where = None if table is None else table_entry(table, chunk.position)
-            out.append(None if where is None else (*where, version))
-            if where is None and table is not None and key not in checked:
-                checked.add(key)
-                if self._absence_unchecked(key, since):
-                    doubtful[key] = chunk.shard
+            return None if where is None else (*where, version)
+
+        absent_from = {c.shard.key for c in chunks if found[c.shard.key][0] is not None and entry(c) is None}
+        doubtful = [shards[key] for key in absent_from if self._absence_unchecked(key, since)]
         if doubtful:
-            again = await self.shard_indices(list(doubtful.values()), fresh=True)
-            for slot, chunk in enumerate(chunks):
-                if chunk.shard.key in again and out[slot] is None:
-                    table, version = again[chunk.shard.key]
-                    where = None if table is None else table_entry(table, chunk.position)
-                    out[slot] = None if where is None else (*where, version)
-        return out
+            found.update(await self.shard_indices(doubtful, fresh=True))
+        return [entry(chunk) for chunk in chunks]
 
     def _absence_unchecked(self, key: str, since: float) -> bool:
         """Whether the shard's index came from the cache (read before ``since``) and may
