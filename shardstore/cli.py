@@ -83,8 +83,7 @@ def _opened(what: Callable[[], Any], url: str) -> Any:
 def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store at ``args.url`` if it holds a zarr hierarchy (a root node, as
     ``zarr.open`` needs), else None."""
-    from zarr.core.sync import sync
-
+    from shardstore import sync_bridge
     from shardstore.store import ShardingStore
 
     store = _opened(lambda: ShardingStore(args.url, storage_options=args.storage_options, **kwargs), args.url)
@@ -93,7 +92,7 @@ def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
         return any(await asyncio.gather(*(store.exists(name) for name in ROOT_DOCUMENTS)))
 
     try:
-        found = sync(root_found())
+        found = sync_bridge.run(root_found())
     except InnerStoreError as exc:  # unreachable, no permission, no credentials
         raise ShardStoreError(f"cannot read {args.url!r}: {exc}") from None
     return store if found else None
@@ -314,13 +313,12 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _layout(args: argparse.Namespace) -> int:
-    from zarr.core.sync import sync
-
+    from shardstore import sync_bridge
     from shardstore.layouts import switch_layout
 
     store = _store(args)
     path = args.array.strip("/")
-    if sync(store.internals.array_at(path)) is None:
+    if sync_bridge.run(store.internals.array_at(path)) is None:
         raise ShardStoreError(
             f"argument ARRAY: no zarr v3 array at {path or '/'!r} in {args.url!r} "
             f"(the path of an array in the hierarchy, e.g. 'group/array'; `shardstore info {args.url}` "
@@ -549,6 +547,17 @@ def _warnings_as_lines(command: str) -> Iterator[None]:
         warnings.showwarning = shown
 
 
+def _rectilinear_grids_readable() -> contextlib.AbstractContextManager[object]:
+    """The tools read whatever arrays they are pointed at: zarr 3.2+ reads rectilinear
+    chunk grids only with its experimental flag set."""
+    import zarr
+
+    if zarr.config.get("array.rectilinear_chunks", None) is None:
+        return contextlib.nullcontext()  # a zarr without rectilinear grids
+    readable: contextlib.AbstractContextManager[object] = zarr.config.set({"array.rectilinear_chunks": True})
+    return readable
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; the exit status (see :data:`EXIT_STATUS`)."""
     args = _parser().parse_args(argv)
@@ -565,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "convert": _convert,
     }
     try:
-        with _warnings_as_lines(args.command):
+        with _warnings_as_lines(args.command), _rectilinear_grids_readable():
             code = handlers[args.command](args)
         sys.stdout.flush()  # a reader gone away shows here, not at exit
         return code

@@ -18,11 +18,13 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from shardstore.chunk_grids import DimSpec, covering_edges, dim_specs, rectilinear_grid, uniform_edge
 from shardstore.errors import ShardingConfigError
 from shardstore.formats.indexed import IndexedFormat, is_codec
 
 __all__ = [
     "CodecForm",
+    "codec_layout_problem",
     "parse_codec_form",
     "to_codec_form",
     "to_plain_form",
@@ -64,10 +66,16 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
     config = _config(codecs[0])
     inner_codecs = config.get("codecs")
     grid = doc.get("chunk_grid")
-    shard_shape = _config(grid).get("chunk_shape") if is_codec(grid, "regular") else None
+    try:
+        shard_shape = _config(grid).get("chunk_shape") if is_codec(grid, "regular") else _uniform_shape(doc)
+    except (TypeError, ValueError):
+        shard_shape = None
     inner = config.get("chunk_shape")
     if not (isinstance(shard_shape, list) and isinstance(inner, list) and len(inner) == len(shard_shape)):
-        return CodecForm(unservable="the sharding codec's chunk_shape does not match a regular chunk grid")
+        return CodecForm(
+            unservable="the sharding codec's chunk_shape does not match a regular chunk grid (or a "
+            "rectilinear one whose shards along each dimension are all one size)"
+        )
     if not all(isinstance(c, int) and c > 0 for c in inner) or any(
         s % c for s, c in zip(shard_shape, inner, strict=True)
     ):
@@ -90,21 +98,82 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
     return CodecForm(tuple(inner), fmt, inner_codecs)
 
 
+def _specs(doc: Document) -> list[tuple[DimSpec, int]] | None:
+    """A rectilinear grid's dimensions with their extents (None: not rectilinear)."""
+    specs = dim_specs(doc.get("chunk_grid"))
+    if specs is None:
+        return None
+    shape = [int(n) for n in doc["shape"]]
+    if len(specs) != len(shape):
+        raise ValueError(f"a rectilinear grid of {len(specs)} dimensions for the shape {shape}")
+    return list(zip(specs, shape, strict=True))
+
+
+def _uniform_shape(doc: Document) -> list[int] | None:
+    """The one chunk size of each dimension of a rectilinear grid, if it has one."""
+    specs = _specs(doc)
+    if specs is None:
+        return None
+    sizes = [uniform_edge(spec, n) for spec, n in specs]
+    return None if None in sizes else [int(s) for s in sizes if s is not None]
+
+
+def _grid_of(doc: Document, sizes: list[int]) -> dict[str, Any]:
+    """``doc``'s rectilinear grid remade of chunks ``sizes``: a dimension given as one
+    repeated size stays so; one given as edges lists as many as cover the extent."""
+    dims: list[int | list[Any]] = [
+        size if isinstance(spec, int) else [[size, max(-(-n // size), 1)]]
+        for (spec, n), size in zip(_specs(doc) or [], sizes, strict=True)
+    ]
+    return rectilinear_grid(dims)
+
+
+def codec_layout_problem(doc: Document) -> str | None:
+    """Why a plain array document cannot take the codec layout (None: it can). zarr's
+    codec has one inner chunk shape: a rectilinear grid must be one size per dimension."""
+    try:
+        specs = _specs(doc)
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"has a malformed rectilinear chunk grid: {exc}"
+    for axis, (spec, n) in enumerate(specs or []):
+        if uniform_edge(spec, n) is None:
+            return (
+                f"needs chunks of one size along each dimension (the sharding codec has one inner "
+                f"chunk shape), and dimension {axis} of its rectilinear grid has chunk edges "
+                f"{sorted(set(covering_edges(spec, n)))}"
+            )
+    return None
+
+
 def to_plain_form(doc: Document, form: CodecForm) -> Document:
-    """The plain chunked array zarr sees above the store: inner chunks, inner codecs."""
+    """The plain chunked array zarr sees above the store: inner chunks, inner codecs
+    (a rectilinear grid of shards shows its chunks as a rectilinear grid)."""
     assert form.inner_chunks is not None and form.inner_codecs is not None
     plain = copy.deepcopy(doc)
-    plain["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": list(form.inner_chunks)}}
+    inner = list(form.inner_chunks)
+    if is_codec(doc.get("chunk_grid"), "regular"):
+        plain["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": inner}}
+    else:
+        plain["chunk_grid"] = _grid_of(doc, inner)
     plain["codecs"] = copy.deepcopy(form.inner_codecs)
     return plain
 
 
 def to_codec_form(doc: Document, fmt: IndexedFormat) -> Document:
-    """Standard ``sharding_indexed`` metadata for a plain v3 array document."""
-    inner = list(_config(doc.get("chunk_grid")).get("chunk_shape") or [])
+    """Standard ``sharding_indexed`` metadata for a plain v3 array document (raises
+    ShardingConfigError if :func:`codec_layout_problem` finds one)."""
+    problem = codec_layout_problem(doc)
+    if problem is not None:
+        raise ShardingConfigError(f"an array stored in the codec layout {problem}")
+    uniform = _uniform_shape(doc)
+    inner = uniform if uniform is not None else list(_config(doc.get("chunk_grid")).get("chunk_shape") or [])
     sharded = copy.deepcopy(doc)
-    shard_shape = [c * n for c, n in zip(inner, fmt.chunks_per_shard, strict=True)]
-    sharded["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
+    cps = list(fmt.chunks_per_shard)
+    shard_shape = [c * n for c, n in zip(inner, cps, strict=True)]
+    if uniform is None:
+        sharded["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
+    else:
+        sharded["chunk_grid"] = _grid_of(doc, shard_shape)
     sharded["codecs"] = [
         {
             "name": SHARDING_CODEC,

@@ -20,6 +20,7 @@ __all__ = [
     "ShardingConfigError",
     "ShardingPassthroughWarning",
     "StrategyFallbackWarning",
+    "SyncCallError",
     "UnshardedArrayWarning",
 ]
 
@@ -59,6 +60,12 @@ class ShardConflictError(ShardStoreError):
     """Other writers changed a shard during every attempt to commit an update to it
     (``write_attempts`` conditional writes failed; the update was not applied), or
     to read chunks of it by ranges located through its index."""
+
+
+class SyncCallError(ShardStoreError, RuntimeError):
+    """A synchronous store call (``get_sync``, ``set_sync``, ...) that cannot be
+    served: made inside a running event loop, it would wait for work queued on
+    that same loop, which is blocked until the call returns."""
 
 
 class BatchCommitError(ShardStoreError):

@@ -13,8 +13,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from zarr.core.sync import sync
-
+from shardstore import sync_bridge
 from shardstore.errors import ShardingConfigError
 from shardstore.keys import join_path
 from shardstore.metadata import (
@@ -100,4 +99,4 @@ async def switch_layout_async(store: ShardingStore, path: str, to: Layout) -> bo
 
 def switch_layout(store: ShardingStore, path: str, to: Layout) -> bool:
     """Synchronous :func:`switch_layout_async`."""
-    return bool(sync(switch_layout_async(store, path, to)))
+    return bool(sync_bridge.run(switch_layout_async(store, path, to)))

@@ -25,8 +25,8 @@ import numpy as np
 import zarr.api.asynchronous
 from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
 
+from shardstore import sync_bridge
 from shardstore.errors import (
     InnerStoreError,
     ReadOnlyError,
@@ -261,17 +261,17 @@ async def compact_async(
 
 
 def list_keys(store: ShardingStore, prefix: str = "") -> tuple[list[str], dict[str, str]]:
-    return sync(list_keys_async(store, prefix))
+    return sync_bridge.run(list_keys_async(store, prefix))
 
 
 def shard_reports(store: ShardingStore, prefix: str = "") -> list[ShardReport]:
-    return sync(shard_reports_async(store, prefix))
+    return sync_bridge.run(shard_reports_async(store, prefix))
 
 
 def compact(
     store: ShardingStore, prefix: str = "", *, min_dead_bytes: int = 1, progress: Progress | None = None
 ) -> list[ShardReport]:
-    return sync(compact_async(store, prefix, min_dead_bytes=min_dead_bytes, progress=progress))
+    return sync_bridge.run(compact_async(store, prefix, min_dead_bytes=min_dead_bytes, progress=progress))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ async def _array_report(
 def info(
     store: ShardingStore, prefix: str = "", *, write_strategy: WriteStrategy | None = None
 ) -> list[ArrayReport]:
-    return sync(info_async(store, prefix, write_strategy=write_strategy))
+    return sync_bridge.run(info_async(store, prefix, write_strategy=write_strategy))
 
 
 # -- verify: the structural rules --------------------------------------------------------
@@ -377,7 +377,7 @@ _SIZE_PRESERVING = {"bytes": 0, "transpose": 0, "crc32c": 4}
 def _encoded_chunk_nbytes(doc: Document, info: ArrayInfo) -> int | None:
     """The size of every encoded chunk where the array's codecs fix one (nothing
     compresses), from the metadata document zarr reads; None where sizes vary."""
-    if info.itemsize is None:
+    if info.itemsize is None or (info.edges is not None and any(len(set(dim)) > 1 for dim in info.edges)):
         return None
     if doc.get("zarr_format") == 2:
         added = None if doc.get("compressor") or doc.get("filters") else 0
@@ -433,7 +433,7 @@ async def leftovers_async(store: ShardingStore, prefix: str = "") -> dict[str, s
 
 
 def leftovers(store: ShardingStore, prefix: str = "") -> dict[str, str]:
-    return sync(leftovers_async(store, prefix))
+    return sync_bridge.run(leftovers_async(store, prefix))
 
 
 # -- verify ----------------------------------------------------------------------------
@@ -568,13 +568,15 @@ async def _open_array(store: ShardingStore, path: str) -> Any:
     except InnerStoreError:
         raise  # the storage failing is no finding about the data
     except Exception as exc:  # whatever zarr raises is a finding, not a crash
+        if type(exc).__name__ == "RectilinearChunksDisabledError":  # zarr's setting, not the data
+            raise ShardingConfigError(f"array {path or '/'!r}: {exc}") from exc
         return f"zarr cannot open the array: {type(exc).__name__}: {exc}"
 
 
 async def _decode_chunk(arr: Any, info: ArrayInfo, key: str, where: str) -> tuple[str, str] | None:
     coords = info.coords(key)
     assert coords is not None
-    region = tuple(slice(c * n, (c + 1) * n) for c, n in zip(coords, info.chunks, strict=True))
+    region = info.chunk_region(coords)
     try:
         await arr.getitem(region)
     except InnerStoreError:
@@ -587,7 +589,7 @@ async def _decode_chunk(arr: Any, info: ArrayInfo, key: str, where: str) -> tupl
 def verify(
     store: ShardingStore, prefix: str = "", *, decode: bool = False, progress: Progress | None = None
 ) -> dict[str, str]:
-    return sync(verify_async(store, prefix, decode=decode, progress=progress))
+    return sync_bridge.run(verify_async(store, prefix, decode=decode, progress=progress))
 
 
 # -- neuroglancer precomputed ------------------------------------------------------------
@@ -747,7 +749,7 @@ def _scale(
 def find_precomputed(
     url: str, storage_options: dict[str, Any] | None = None, sharding: Mapping[str, Any] | None = None
 ) -> PrecomputedLocation | None:
-    return sync(find_precomputed_async(url, storage_options, sharding))
+    return sync_bridge.run(find_precomputed_async(url, storage_options, sharding))
 
 
 async def _stray_shard_files(scale: PrecomputedScale) -> list[str]:
@@ -917,7 +919,7 @@ async def precomputed_info_async(location: PrecomputedLocation, prefix: str = ""
 
 
 def precomputed_info(location: PrecomputedLocation, prefix: str = "") -> list[PrecomputedReport]:
-    return sync(precomputed_info_async(location, prefix))
+    return sync_bridge.run(precomputed_info_async(location, prefix))
 
 
 async def precomputed_keys_async(
@@ -943,7 +945,7 @@ async def precomputed_keys_async(
 
 
 def precomputed_keys(location: PrecomputedLocation, prefix: str = "") -> tuple[list[str], dict[str, str]]:
-    return sync(precomputed_keys_async(location, prefix))
+    return sync_bridge.run(precomputed_keys_async(location, prefix))
 
 
 async def verify_precomputed_async(
@@ -984,7 +986,7 @@ async def verify_precomputed_async(
 def verify_precomputed(
     location: PrecomputedLocation, prefix: str = "", *, progress: Progress | None = None
 ) -> dict[str, str]:
-    return sync(verify_precomputed_async(location, prefix, progress=progress))
+    return sync_bridge.run(verify_precomputed_async(location, prefix, progress=progress))
 
 
 async def precomputed_leftovers_async(location: PrecomputedLocation, prefix: str = "") -> dict[str, str]:
@@ -1004,4 +1006,4 @@ async def precomputed_leftovers_async(location: PrecomputedLocation, prefix: str
 
 
 def precomputed_leftovers(location: PrecomputedLocation, prefix: str = "") -> dict[str, str]:
-    return sync(precomputed_leftovers_async(location, prefix))
+    return sync_bridge.run(precomputed_leftovers_async(location, prefix))

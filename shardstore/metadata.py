@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from shardstore.chunk_grids import DimSpec, covering_edges, dim_specs
 from shardstore.codec_form import (
     Document,
     parse_codec_form,
@@ -159,6 +160,9 @@ class ArrayInfo:
     """How the sharding is recorded: our transformer entry, or standard codec metadata."""
     passthrough_reason: str | None = None
     """Why a ``sharding_indexed`` array is passed through rather than served."""
+    edges: tuple[tuple[int, ...], ...] | None = None
+    """A rectilinear grid's chunk edges per dimension, those covering ``shape`` (None:
+    a regular grid of ``chunks``, which then holds each dimension's largest edge)."""
 
     @property
     def nominal_shard_nbytes(self) -> int | None:
@@ -173,8 +177,20 @@ class ArrayInfo:
 
     @cached_property
     def grid_shape(self) -> tuple[int, ...]:
+        if self.edges is not None:
+            return tuple(len(e) for e in self.edges)
         # A zero-length chunk (zarr allows it for zero-length dimensions) holds nothing.
         return tuple(-(-s // c) if c > 0 else 0 for s, c in zip(self.shape, self.chunks, strict=True))
+
+    def chunk_region(self, coords: tuple[int, ...]) -> tuple[slice, ...]:
+        """Where the chunk at ``coords`` lies in the array (clipped to its shape)."""
+        if self.edges is None:
+            starts = [c * n for c, n in zip(coords, self.chunks, strict=True)]
+            ends = [s + n for s, n in zip(starts, self.chunks, strict=True)]
+        else:
+            starts = [sum(e[:c]) for c, e in zip(coords, self.edges, strict=True)]
+            ends = [s + e[c] for s, c, e in zip(starts, coords, self.edges, strict=True)]
+        return tuple(slice(a, min(b, n)) for a, b, n in zip(starts, ends, self.shape, strict=True))
 
     @property
     def prefix(self) -> str:
@@ -240,19 +256,24 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
             chunks = (
                 grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
             )
+            specs = dim_specs(grid)
             codec = parse_codec_form(doc)
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
-            chunks, codec = doc.get("chunks"), None
+            chunks, codec, specs = doc.get("chunks"), None, None
         elif name == DRAFT_DOC:
             grid = doc.get("chunk_grid", {})
             grammar = ChunkKeyGrammar("draft", grid.get("separator", "/"))
             regular = grid.get("type", "regular") == "regular"
-            chunks, codec = grid.get("chunk_shape") if regular else None, None
+            chunks, codec, specs = grid.get("chunk_shape") if regular else None, None, None
         else:
             return None
         shape = tuple(int(s) for s in doc["shape"])
         transformers = doc.get("storage_transformers") or []
+        edges = None
+        if specs is not None and len(specs) == len(shape):
+            edges = tuple(covering_edges(s, n) for s, n in zip(specs, shape, strict=True))
+            chunks = [max(e, default=_first(s)) for e, s in zip(edges, specs, strict=True)]
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
     if grammar is None or chunks is None or grammar.separator not in ("/", "."):
@@ -264,13 +285,19 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
     ours = [t for t in transformers if _is_our_entry(t)] if isinstance(transformers, list) else []
     if ours:
         fmt = _format_from_entry(path, ours[0], len(shape))
-        return ArrayInfo(path, shape, chunks, grammar, fmt, itemsize=itemsize)
+        return ArrayInfo(path, shape, chunks, grammar, fmt, itemsize=itemsize, edges=edges)
     if codec is None:
-        return ArrayInfo(path, shape, chunks, grammar, None, itemsize=itemsize)
+        return ArrayInfo(path, shape, chunks, grammar, None, itemsize=itemsize, edges=edges)
     if codec.unservable is not None or codec.inner_chunks is None:
         reason = codec.unservable
-        return ArrayInfo(path, shape, chunks, grammar, None, True, itemsize, passthrough_reason=reason)
+        return ArrayInfo(
+            path, shape, chunks, grammar, None, True, itemsize, passthrough_reason=reason, edges=edges
+        )
     return ArrayInfo(path, shape, codec.inner_chunks, grammar, codec.shard_format, False, itemsize, "codec")
+
+
+def _first(spec: DimSpec) -> int:
+    return spec if isinstance(spec, int) else spec[0]
 
 
 def _itemsize(dtype: object) -> int | None:

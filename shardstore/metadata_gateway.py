@@ -15,14 +15,17 @@ import asyncio
 import warnings
 from typing import Any
 
+import zarr
 from zarr.abc.store import ByteRequest
 
 from shardstore.catalog import ArrayCatalog
+from shardstore.chunk_grids import check_rectilinear_supported, is_rectilinear
+from shardstore.codec_form import codec_layout_problem
 from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning, UnshardedArrayWarning
 from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore, slice_range
-from shardstore.keys import split_key
+from shardstore.keys import join_path, split_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
     V3_NAME,
@@ -69,6 +72,8 @@ class MetadataGateway:
         if raw is None:
             return None
         doc = load_document(raw)
+        if doc is not None:
+            _check_readable(path, name, doc)
         if doc is not None and present_document(path, name, doc, self._catalog.zarr_sharded):
             raw = dump_document(doc)
         return slice_range(raw, byte_range)
@@ -160,4 +165,19 @@ class MetadataGateway:
                 "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
                 "layout='transformer'"
             )
+        if form == "codec" and (problem := codec_layout_problem(doc)) is not None:
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: layout='codec' {problem}; use layout='transformer', which "
+                "shards any chunk grid"
+            )
         return fmt, form
+
+
+def _check_readable(path: str, name: str, doc: dict[str, Any]) -> None:
+    """Refuse, naming the feature and the zarr that has it, a document the installed
+    zarr cannot read: zarr's own error would not say what to upgrade."""
+    docs = {path: doc} if name in ARRAY_DOC_NAMES else {}
+    docs.update({join_path(path, rel): child for rel, child in consolidated_arrays(name, doc).items()})
+    for where, array in docs.items():
+        if is_rectilinear(array.get("chunk_grid")):
+            check_rectilinear_supported(where, zarr.__version__)

@@ -9,25 +9,34 @@ it touches, and durability forbids holding a chunk back). This pipeline sees
 the whole selection: it groups its chunks by shard and works on
 ``fetch_concurrency`` shards at a time, with one batched read per group (the
 next group's read under way while this one decodes) and one commit per shard,
-done when durable. For any other store, or an array that zarr shards itself,
-it is zarr's :class:`~zarr.core.codec_pipeline.BatchedCodecPipeline` unchanged.
+done when durable. For an array that zarr shards itself it is zarr's
+:class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
+other store it is the pipeline named by ``codec_pipeline.fallback_path``
+(default that same batched pipeline), so zarr's ``FusedCodecPipeline`` or
+zarrs' Rust ``ZarrsCodecPipeline`` can serve the other arrays beside it.
 
 Opt in before opening the array (zarr picks the pipeline then)::
 
     zarr.config.set({"codec_pipeline.path": "shardstore.pipeline.ShardAwarePipeline"})
 
 or, for every process of a dask cluster, the environment variable
-``ZARR_CODEC_PIPELINE__PATH=shardstore.pipeline.ShardAwarePipeline``.
+``ZARR_CODEC_PIPELINE__PATH=shardstore.pipeline.ShardAwarePipeline``; add
+``"codec_pipeline.fallback_path": "zarrs.ZarrsCodecPipeline"`` (or
+``ZARR_CODEC_PIPELINE__FALLBACK_PATH``) to keep another pipeline for other stores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Self, TypeAlias
 
-from zarr.abc.store import ByteRequest
+import zarr
+from zarr.abc.codec import CodecPipeline
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, BufferPrototype, NDBuffer
 from zarr.core.codec_pipeline import BatchedCodecPipeline
@@ -35,12 +44,16 @@ from zarr.core.indexing import SelectorTuple
 from zarr.registry import register_pipeline
 from zarr.storage import StorePath
 
+from shardstore.errors import ShardingConfigError
 from shardstore.store import ShardingStore
 
-__all__ = ["PIPELINE_PATH", "ShardAwarePipeline"]
+__all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
 
 PIPELINE_PATH = "shardstore.pipeline.ShardAwarePipeline"
 """The value of zarr's ``codec_pipeline.path`` that selects this pipeline."""
+
+FALLBACK_KEY = "codec_pipeline.fallback_path"
+"""zarr configuration key naming the pipeline for arrays outside a ShardingStore."""
 
 ChunkInfo: TypeAlias = tuple[Any, ArraySpec, SelectorTuple, SelectorTuple, bool]
 """zarr's description of one chunk of a selection: its byte getter/setter, spec,
@@ -72,19 +85,64 @@ class _Held:
         self.written.append((self.path, None))
 
 
+def _fallback_class() -> type[CodecPipeline] | None:
+    """The pipeline class ``codec_pipeline.fallback_path`` names (None: zarr's batched one)."""
+    path = zarr.config.get(FALLBACK_KEY, None)
+    if not path or path in (PIPELINE_PATH, f"{BatchedCodecPipeline.__module__}.BatchedCodecPipeline"):
+        return None
+    module, _, name = str(path).rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ShardingConfigError(
+            f"{FALLBACK_KEY}={path!r}: cannot import that codec pipeline: {exc}"
+        ) from exc
+    if not (isinstance(found, type) and issubclass(found, CodecPipeline)):
+        raise ShardingConfigError(f"{FALLBACK_KEY}={path!r} is not a zarr CodecPipeline class")
+    return found
+
+
+@dataclass(frozen=True)
 class ShardAwarePipeline(BatchedCodecPipeline):
     """zarr's batched pipeline, with reads and writes of whole selections grouped by
-    shard when the array lives in a ShardingStore (see the module docstring)."""
+    shard when the array lives in a ShardingStore (see the module docstring).
+
+    ``fallback`` serves the arrays of other stores when zarr builds this class for
+    them (a fallback pipeline that zarr can build for a store is used directly)."""
+
+    fallback: CodecPipeline | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_array_metadata_and_store(cls, array_metadata: Any, store: Store) -> Self:
+        """zarr asks this first: outside a ShardingStore, the fallback pipeline if it
+        can be built for that store (zarrs' can); else this class, from the codecs."""
+        fallback = _fallback_class()
+        if fallback is None or isinstance(store, ShardingStore):
+            raise NotImplementedError
+        return fallback.from_array_metadata_and_store(array_metadata, store)  # type: ignore[return-value]
+
+    def evolve_from_array_spec(self, array_spec: ArraySpec) -> Self:
+        evolved = super().evolve_from_array_spec(array_spec)
+        fallback = _fallback_class()
+        if fallback is None:
+            return evolved
+        return dataclasses.replace(
+            evolved, fallback=fallback.from_codecs(list(self)).evolve_from_array_spec(array_spec)
+        )
 
     async def read(
         self, batch_info: Iterable[ChunkInfo], out: NDBuffer, drop_axes: tuple[int, ...] = ()
-    ) -> None:
+    ) -> Any:
+        """zarr 3.4 and later: each chunk's ``GetResult`` (present or missing), in
+        the order given; zarr 3.1: None."""
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:
-            await super().read(chunks, out, drop_axes)
-            return
+            if self.fallback is not None and chunks and not _in_sharding_store(chunks):
+                return await self.fallback.read(chunks, out, drop_axes)
+            return await super().read(chunks, out, drop_axes)
         groups = await _by_shard(store, chunks)
+        results: list[Any] = [None] * len(chunks)
 
         def read_ahead(i: int) -> asyncio.Future[dict[int, _Held]] | None:
             if i == len(groups):
@@ -97,10 +155,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 assert ahead is not None
                 held = await ahead
                 ahead = read_ahead(i + 1)  # the next group's read under way while this one decodes
-                await self.read_batch([(held[n], *chunks[n][1:]) for n in group], out, drop_axes)
+                got = await self.read_batch([(held[n], *chunks[n][1:]) for n in group], out, drop_axes)
+                for n, result in zip(group, got or (), strict=False):
+                    results[n] = result
         finally:
             if ahead is not None:
                 ahead.cancel()
+        return tuple(results) if None not in results else None
 
     async def write(
         self, batch_info: Iterable[ChunkInfo], value: NDBuffer, drop_axes: tuple[int, ...] = ()
@@ -108,7 +169,10 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:
-            await super().write(chunks, value, drop_axes)
+            if self.fallback is not None and chunks and not _in_sharding_store(chunks):
+                await self.fallback.write(chunks, value, drop_axes)
+            else:
+                await super().write(chunks, value, drop_axes)
             return
         for group in await _by_shard(store, chunks):
             held = await _fetch(store, chunks, group, everything=False)
@@ -121,9 +185,12 @@ def _sharding_store(chunks: Sequence[ChunkInfo], pipeline: BatchedCodecPipeline)
     if not chunks or pipeline.supports_partial_decode or pipeline.supports_partial_encode:
         return None
     getter = chunks[0][0]
-    if isinstance(getter, StorePath) and isinstance(getter.store, ShardingStore):
-        return getter.store
-    return None
+    return getter.store if _in_sharding_store(chunks) else None
+
+
+def _in_sharding_store(chunks: Sequence[ChunkInfo]) -> bool:
+    getter = chunks[0][0]
+    return isinstance(getter, StorePath) and isinstance(getter.store, ShardingStore)
 
 
 async def _by_shard(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> list[list[int]]:

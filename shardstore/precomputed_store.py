@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.store import RangeByteRequest
-from zarr.core.sync import sync
 
+from shardstore import sync_bridge
 from shardstore.errors import ChunkKeyError, ReadOnlyError, ShardConflictError, ShardFormatError
 from shardstore.formats.precomputed import (
     PrecomputedSharding,
@@ -376,40 +376,40 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
     # -- MutableMapping --------------------------------------------------------------
 
     def __getitem__(self, chunk_id: int) -> bytes:
-        value = sync(self.get_many([chunk_id]))[0]
+        value = sync_bridge.run(self.get_many([chunk_id]))[0]
         if value is None:
             raise KeyError(chunk_id)
         return value
 
     def __setitem__(self, chunk_id: int, value: bytes) -> None:
-        sync(self.update_many({chunk_id: value}))
+        sync_bridge.run(self.update_many({chunk_id: value}))
 
     def get(self, chunk_id: int, default: Any = None) -> Any:
         """The chunk's bytes, ``default`` if absent; ChunkKeyError for what is no chunk
         id (Mapping.get would answer ``default``, hiding e.g. an id that overflowed)."""
-        value = sync(self.get_many([_chunk_id(chunk_id)]))[0]
+        value = sync_bridge.run(self.get_many([_chunk_id(chunk_id)]))[0]
         return default if value is None else value
 
     def __delitem__(self, chunk_id: int) -> None:
         if _chunk_id(chunk_id) not in self:
             raise KeyError(chunk_id)
-        sync(self.update_many({chunk_id: None}))
+        sync_bridge.run(self.update_many({chunk_id: None}))
 
     def __contains__(self, chunk_id: object) -> bool:
         try:
-            return sync(self.get_many([chunk_id]))[0] is not None  # type: ignore[list-item]
+            return sync_bridge.run(self.get_many([chunk_id]))[0] is not None  # type: ignore[list-item]
         except ChunkKeyError:
             return False
 
     def __iter__(self) -> Iterator[int]:
-        return iter(sync(self.ids()))
+        return iter(sync_bridge.run(self.ids()))
 
     def __len__(self) -> int:
-        return len(sync(self.ids()))
+        return len(sync_bridge.run(self.ids()))
 
     def update(self, other: Any = (), /, **kwargs: bytes) -> None:
         """Write many chunks, each affected shard once (MutableMapping.update would
         rebuild a shard per chunk)."""
         if kwargs:
             raise TypeError("chunk ids are integers: pass a mapping or pairs")
-        sync(self.update_many(dict(other)))
+        sync_bridge.run(self.update_many(dict(other)))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import zarr
-from zarr.core.sync import sync
 
+from shardstore import sync_bridge
 from shardstore.keys import join_path
 from shardstore.store import ShardingStore
 
@@ -28,7 +28,7 @@ def shard_shape(array: zarr.Array[Any]) -> tuple[int, ...]:
         return tuple(array.shards)
     cps = None
     if isinstance(array.store, ShardingStore):
-        cps = sync(array.store.internals.chunks_per_shard_for(array.path, array.shape))
+        cps = sync_bridge.run(array.store.internals.chunks_per_shard_for(array.path, array.shape))
     return tuple(c * n for c, n in zip(array.chunks, cps or (1,) * array.ndim, strict=True))
 
 
@@ -62,7 +62,7 @@ def rechunk_to_shards(obj: T, target: zarr.Array[Any] | ShardingStore, group: st
             continue
         chunks = tuple(var.encoding.get("chunks") or (c[0] for c in var.chunks))
         path = join_path(group.strip("/"), str(name))
-        cps = sync(target.internals.chunks_per_shard_for(path, var.shape, str(var.dtype)))
+        cps = sync_bridge.run(target.internals.chunks_per_shard_for(path, var.shape, str(var.dtype)))
         if cps is None:
             continue
         new = var.chunk(dict(zip(var.dims, (c * n for c, n in zip(chunks, cps, strict=True)), strict=True)))

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.core.sync import sync
 
+from shardstore import sync_bridge
 from shardstore.addressing import ChunkAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ReadOnlyError, StrategyFallbackWarning
@@ -183,6 +183,12 @@ class ShardingStore(Store):
     def supports_listing(self) -> bool:
         return True
 
+    @property
+    def supports_partial_writes(self) -> Literal[False]:
+        """Always False, as zarr 3.1.1+ says of every store; zarr 3.1.0 requires the
+        property of each store."""
+        return False
+
     def _check_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyError(f"store was opened in read-only mode and does not support writing: {self!r}")
@@ -203,17 +209,19 @@ class ShardingStore(Store):
         return self._writer.batch(max_bytes, self)
 
     # -- synchronous conveniences (zarr's SupportsSyncStore protocol) -----------
+    # They observe exactly what the async methods observe (they run them), from any
+    # thread, inside a running event loop or not (see shardstore.sync_bridge).
 
     def get_sync(
         self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
-        return sync(self.get(key, prototype or default_buffer_prototype(), byte_range))
+        return sync_bridge.run(self.get(key, prototype or default_buffer_prototype(), byte_range))
 
     def set_sync(self, key: str, value: Buffer) -> None:
-        sync(self.set(key, value))
+        sync_bridge.run(self.set(key, value))
 
     def delete_sync(self, key: str) -> None:
-        sync(self.delete(key))
+        sync_bridge.run(self.delete(key))
 
     # -- reads ---------------------------------------------------------------------
 
@@ -296,7 +304,9 @@ class ShardingStore(Store):
         return size
 
     async def getsize_prefix(self, prefix: str) -> int:
-        return await self._lister.size_under(prefix)
+        """The total size of the keys under the directory ``prefix/`` (zarr 3.4's rule:
+        a sibling ``prefixx/k`` does not count)."""
+        return await self._lister.size_under(as_dir(prefix))
 
     # -- writes --------------------------------------------------------------------
 

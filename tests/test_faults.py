@@ -1159,7 +1159,7 @@ def test_fuzzed_shard_reads(
                 what = f"{backend}/{config} {strategy}/{cache} read {attempt} of {blob.hex()}"
                 for region, positions, label in ((slab, [0, 1, 2, 3], "slab"), (one, [position], "chunk")):
                     outcome, peak, elapsed = _read(
-                        lambda region=region: sync(arr.async_array.getitem(region), timeout=READ_TIMEOUT),
+                        lambda region=region: sync(arr._async_array.getitem(region), timeout=READ_TIMEOUT),
                         trace=attempt == 0,
                     )
                     assert peak < ALLOC_LIMIT and elapsed < 10, (what, label, peak, elapsed)

@@ -51,7 +51,7 @@ def test_config_recorded_in_v3_metadata_and_hidden_from_zarr() -> None:
         }
     ]
     assert stored["codecs"][-1] == {"name": "shardstore.sharding"}  # makes plain zarr fail
-    seen = json.loads(zarr.storage.StorePath(store, "a/zarr.json").get_sync().to_bytes())  # type: ignore[union-attr]
+    seen = json.loads(store.get_sync("a/zarr.json").to_bytes())  # type: ignore[union-attr]
     assert seen["storage_transformers"] == []
     assert seen["codecs"] == stored["codecs"][:-1]
     # Re-opened with no config, with other options passed: the recorded ones win.
@@ -104,7 +104,7 @@ def test_v2_zarray_config_restored_after_zarr_rewrites_it() -> None:
     seen = zarr.open_array(ShardingStore(backing), path="v", zarr_format=2)
     np.testing.assert_array_equal(seen[:4], np.full((4, 4), 7))
     assert "storage_transformers" not in json.loads(
-        zarr.storage.StorePath(store, "v/.zarray").get_sync().to_bytes()  # type: ignore[union-attr]
+        store.get_sync("v/.zarray").to_bytes()  # type: ignore[union-attr]
     )
 
 
@@ -122,7 +122,7 @@ def test_consolidated_metadata_stripped_and_restored(zarr_format: int) -> None:
     np.testing.assert_array_equal(opened["g/a"][:], np.ones((4, 4)))
     np.testing.assert_array_equal(opened["b"][:], [2] * 4)
     key = ".zmetadata" if zarr_format == 2 else "zarr.json"
-    assert b"chunks_per_shard" not in zarr.storage.StorePath(store, key).get_sync().to_bytes()  # type: ignore[union-attr]
+    assert b"chunks_per_shard" not in store.get_sync(key).to_bytes()  # type: ignore[union-attr]
 
 
 def test_zep2_draft_form_is_read() -> None:

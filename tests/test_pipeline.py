@@ -8,6 +8,7 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -199,3 +200,86 @@ def test_the_environment_variable_selects_the_pipeline_without_importing_shardst
     env = {**os.environ, "ZARR_CODEC_PIPELINE__PATH": PIPELINE_PATH}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["ShardAwarePipeline", "24"]
+
+
+FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+ZARRS = "zarrs.ZarrsCodecPipeline"
+
+
+def _round_trip(store: Any, data: np.ndarray) -> Any:
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype=data.dtype, fill_value=0)
+    arr[:] = data
+    arr[3:21, 5:9] = 7
+    expected = data.copy()
+    expected[3:21, 5:9] = 7
+    np.testing.assert_array_equal(zarr.open_array(store, path="a", mode="r")[:], expected)
+    return arr._async_array.codec_pipeline
+
+
+def test_fallback_path_serves_other_stores_and_ours_serves_sharding_stores(tmp_path: Path) -> None:
+    """zarr 3.4's FusedCodecPipeline (zarr 3.1 has none: zarr's batched pipeline) serves
+    an array in a plain store; under the same configuration a ShardingStore array
+    costs the requests it costs without a fallback."""
+    has_fused = hasattr(zarr.core.codec_pipeline, "FusedCodecPipeline")
+    fallback = FUSED if has_fused else ZARR_PIPELINE
+    data = sample((32, 32), "i4")
+    counts = []
+    for config in ({}, {"codec_pipeline.fallback_path": fallback}):
+        with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH, **config}):
+            plain = _round_trip(zarr.storage.LocalStore(tmp_path / f"plain{len(counts)}"), data)
+            store, inner = _counted(tmp_path, f"s{len(counts)}")
+            inner.counts.reset()
+            assert isinstance(_round_trip(store, data), ShardAwarePipeline)
+            counts.append((inner.counts.reads, inner.counts.read_batches, inner.counts.writes))
+    served = plain.fallback if isinstance(plain, ShardAwarePipeline) else plain
+    if has_fused:
+        assert type(served).__name__ == "FusedCodecPipeline"
+    assert counts[0] == counts[1]
+
+
+def test_zarrs_as_fallback_and_zarrs_alone_give_correct_data(tmp_path: Path) -> None:
+    """zarrs' Rust pipeline serves what it can (a local store) beside ours; configured
+    alone, it leaves a ShardingStore array to zarr's pipeline, with the same data."""
+    pytest.importorskip("zarrs")
+    data = sample((32, 32), "i4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH, "codec_pipeline.fallback_path": ZARRS}):
+        plain = _round_trip(zarr.storage.LocalStore(tmp_path / "plain"), data)
+        ours = _round_trip(ShardingStore(str(tmp_path / "s"), (2, 2)), data)
+    assert type(plain).__name__ == "ZarrsCodecPipeline"
+    assert isinstance(ours, ShardAwarePipeline)
+    with zarr.config.set({"codec_pipeline.path": ZARRS}):
+        alone = _round_trip(ShardingStore(str(tmp_path / "z"), (2, 2)), data)
+    assert not isinstance(alone, ShardAwarePipeline)
+    np.testing.assert_array_equal(
+        zarr.open_array(ShardingStore(str(tmp_path / "z")), path="a")[:8, :8],
+        zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:8, :8],
+    )
+
+
+def test_a_fallback_path_that_names_no_pipeline_is_refused(tmp_path: Path) -> None:
+    from shardstore import ShardingConfigError
+
+    for bad in ("nowhere.Pipeline", "numpy.ndarray"):
+        with (
+            zarr.config.set({"codec_pipeline.path": PIPELINE_PATH, "codec_pipeline.fallback_path": bad}),
+            pytest.raises(ShardingConfigError, match="codec_pipeline.fallback_path"),
+        ):
+            zarr.create_array(zarr.storage.MemoryStore(), name="a", shape=(4,), chunks=(2,), dtype="i4")
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_missing_chunks_are_reported_to_zarr(tmp_path: Path) -> None:
+    """zarr 3.4 asks the pipeline which chunks were missing (``array.read_missing_chunks``
+    False: reading one raises); through ours, chunk by chunk, in the order asked."""
+    if not hasattr(zarr.errors, "ChunkNotFoundError"):
+        pytest.skip(f"zarr {zarr.__version__} has no array.read_missing_chunks")
+    store = ShardingStore(str(tmp_path / "s"), (2, 2))
+    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4", fill_value=0)
+    arr[:8, :8] = 1
+    with zarr.config.set({"array.read_missing_chunks": False}):
+        strict = zarr.open_array(store, path="a")
+        np.testing.assert_array_equal(strict[:8, :8], 1)
+        with pytest.raises(zarr.errors.ChunkNotFoundError) as caught:
+            strict[2:14, 6:10]  # chunk rows 0-3, columns 1-2: present where both < 2
+    named = set(re.findall(r"chunk '(c/[0-9/]+)'", str(caught.value)))
+    assert named == {f"c/{i}/{j}" for i in range(4) for j in (1, 2) if not (i < 2 and j < 2)}

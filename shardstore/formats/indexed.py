@@ -324,8 +324,8 @@ def _overlaps(index: ShardIndex, positions: npt.NDArray[np.intp]) -> list[str]:
     furthest = np.maximum.accumulate(np.where(ends == reach, np.arange(len(order)), 0))
     hits = np.flatnonzero(starts[1:] < reach[:-1]) + 1
     kinds: dict[str, list[tuple[int, int]]] = {"duplicated entries": [], "overlapping ranges": []}
-    for i in hits:
-        a, b = int(order[furthest[i - 1]]), int(order[i])
+    for i in hits.tolist():
+        a, b = int(order[int(furthest[i - 1])]), int(order[i])
         kinds["duplicated entries" if (index[a] == index[b]).all() else "overlapping ranges"].append((a, b))
     return [
         f"{what}: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import threading
@@ -15,11 +16,14 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from shardstore import sync_bridge
 from shardstore.errors import ConcurrentWriterWarning
 from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range
 
 _HOME = "_shardstore_home_loop"
 """Attribute of an async file system instance: the event loop its sessions belong to."""
+_HOP_CHECK_S = 0.5
+"""How often a call waiting on another loop checks that the loop still runs."""
 _HOME_LOCK = threading.Lock()
 
 
@@ -31,6 +35,8 @@ class FsspecInner(InnerStore):
         self.fs = fs
         self.root = root.rstrip("/")
         self._async_fs = _asynchronous_copy(fs)
+        self._guests: dict[asyncio.AbstractEventLoop, fsspec.AbstractFileSystem | None] = {}
+        """Instances for loops that serve sync calls while the home loop waits for them."""
         self._inline = isinstance(fs, MemoryFileSystem)
         self.capabilities = Capabilities(remote=not self._inline and not isinstance(fs, LocalFileSystem))
 
@@ -69,11 +75,17 @@ class FsspecInner(InnerStore):
                     fs = self._async_fs = _asynchronous_copy(self.fs, fresh=True)
                 home = current
                 setattr(fs, _HOME, home)
+            elif home is not current and sync_bridge.blocked(home):
+                # The home loop waits for this very call (a sync call made inside it):
+                # use an instance whose sessions belong to this loop instead.
+                fs = self._guests.get(current)
+                if fs is None:
+                    fs = self._guests[current] = _asynchronous_copy(self.fs, fresh=True)
+                home = current
         assert fs is not None
-        coro = call(fs)
         if home is current:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, home))  # type: ignore[arg-type]
+            return await call(fs)
+        return await _hop(call(fs), home)
 
     @staticmethod
     def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
@@ -190,9 +202,11 @@ class FsspecInner(InnerStore):
             paths = await self._call("find", base)
         except FileNotFoundError:
             return []
-        cut = len(self.root) + 1 if self.root else 0
-        keys = [p[cut:] if p.startswith(self.root) else p for p in map(self.fs._strip_protocol, paths)]
-        return [k for k in keys if k.startswith(prefix)]
+        # Compared without a leading "/": a memory file system answers "/root/..." for
+        # a root some of its wrappers spell "root" (fsspec 2024's AsyncFileSystemWrapper).
+        root = self.root.lstrip("/") + "/" if self.root.strip("/") else ""
+        keys = [p.lstrip("/") for p in map(self.fs._strip_protocol, paths)]
+        return [k[len(root) :] for k in keys if k.startswith(root) and k[len(root) :].startswith(prefix)]
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         with failure("list", prefix):
@@ -216,6 +230,22 @@ def past_the_end(exc: BaseException) -> bool:
     response = getattr(exc.__cause__, "response", None) or {}
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     return status == 416 or "416" in str(exc) or "not satisfiable" in str(exc).lower()
+
+
+async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
+    """Run ``coro`` on the running loop ``home`` and wait for it; if ``home`` stops
+    first (its ``asyncio.run`` ended), fail rather than wait for ever."""
+    future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, home)  # type: ignore[arg-type]
+    waiter = asyncio.wrap_future(future)
+    while True:
+        done, _ = await asyncio.wait([waiter], timeout=_HOP_CHECK_S)
+        if done:
+            return waiter.result()
+        if home.is_closed() or not home.is_running():
+            future.cancel()
+            raise RuntimeError(
+                "the event loop that owns this file system's sessions stopped before the call ran"
+            )
 
 
 def _asynchronous_copy(

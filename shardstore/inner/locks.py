@@ -25,14 +25,18 @@ import weakref
 from collections.abc import AsyncIterator, Hashable, Iterator
 from pathlib import Path
 
+from shardstore.sync_bridge import refuse_to_wait
+
 __all__ = ["file_lock", "lock_path", "process_lock"]
 
 
 class _Lock:
-    """A threading lock that can live in a WeakValueDictionary."""
+    """A threading lock that can live in a WeakValueDictionary, with the event loop
+    of its holder."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.holder: asyncio.AbstractEventLoop | None = None
 
 
 _registry: weakref.WeakValueDictionary[Hashable, _Lock] = weakref.WeakValueDictionary()
@@ -51,11 +55,15 @@ async def process_lock(scope: Hashable, key: str) -> AsyncIterator[None]:
             entry = _registry[(scope, key)] = _Lock()
     delay = 0.0002
     while not entry.lock.acquire(blocking=False):
+        if (holder := entry.holder) is not None:
+            refuse_to_wait(holder, key, "a write holding the shard's lock")
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.01)
+    entry.holder = asyncio.get_running_loop()
     try:
         yield
     finally:
+        entry.holder = None
         entry.lock.release()
 
 

@@ -14,7 +14,9 @@ shard, or as soon as every writer zarr can have in flight is waiting here
 goes first. A lone write never lingers.
 
 Batches are signalled with thread-safe futures, so writers on different
-event loops (or threads) are ordered and merged just the same.
+event loops (or threads) are ordered and merged just the same. A synchronous
+write made inside a running loop cannot wait for a batch that runs on that
+loop: it raises :class:`~shardstore.errors.SyncCallError` instead.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
+from shardstore.sync_bridge import refuse_to_wait
 from shardstore.writing.updates import ShardUpdates, Update, merge_updates
 
 __all__ = ["CommitQueue", "outcome"]
@@ -91,7 +94,7 @@ class CommitQueue(Generic[T]):
         self._linger_s = linger_s
         self._lock = threading.Lock()
         self._pending: dict[str, _Batch[T]] = {}
-        self._tail: dict[str, concurrent.futures.Future[None]] = {}
+        self._tail: dict[str, _Batch[T]] = {}  # the shard's newest batch, until committed
         self._lingering: set[_Batch[T]] = set()
         self._busy = 0  # batches lingering, queued or committing
         self._committing = 0  # batches whose commit is under way
@@ -103,12 +106,16 @@ class CommitQueue(Generic[T]):
         with self._lock:
             batch = self._pending.get(shard_key)
             if batch is None:
-                batch = self._pending[shard_key] = _Batch(target, loop)
                 previous = self._tail.get(shard_key)
-                self._tail[shard_key] = batch.done
+                if previous is not None:
+                    refuse_to_wait(previous.loop, shard_key, "the commit of an earlier write to its shard")
+                batch = self._pending[shard_key] = _Batch(target, loop)
+                self._tail[shard_key] = batch
                 task = loop.create_task(self._run(shard_key, batch, previous))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            else:
+                refuse_to_wait(batch.loop, shard_key, "a pending write to its shard")
             batch.target = target
             batch.writers += 1
             merge_updates(batch.updates, updates)
@@ -157,9 +164,7 @@ class CommitQueue(Generic[T]):
             with self._lock:
                 self._lingering.discard(batch)
 
-    async def _run(
-        self, shard_key: str, batch: _Batch[T], previous: concurrent.futures.Future[None] | None
-    ) -> None:
+    async def _run(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
         with self._lock:
             self._busy += 1
         try:
@@ -167,7 +172,7 @@ class CommitQueue(Generic[T]):
                 await self._linger(batch)
             else:
                 with contextlib.suppress(Exception):  # its own writers get its error
-                    await outcome(previous)
+                    await outcome(previous.done)
             with self._lock:
                 if self._pending.get(shard_key) is batch:
                     del self._pending[shard_key]
@@ -186,5 +191,5 @@ class CommitQueue(Generic[T]):
         finally:
             with self._lock:
                 self._busy -= 1
-                if self._tail.get(shard_key) is batch.done:
+                if self._tail.get(shard_key) is batch:
                     del self._tail[shard_key]
