@@ -262,7 +262,7 @@ def test_a_fallback_path_that_names_no_pipeline_is_refused(tmp_path: Path) -> No
     for bad in ("nowhere.Pipeline", "numpy.ndarray"):
         with (
             zarr.config.set({"codec_pipeline.path": PIPELINE_PATH, "codec_pipeline.fallback_path": bad}),
-            pytest.raises(ShardingConfigError, match="codec_pipeline.fallback_path"),
+            pytest.raises(ShardingConfigError, match=r"codec_pipeline\.fallback_path"),
         ):
             zarr.create_array(zarr.storage.MemoryStore(), name="a", shape=(4,), chunks=(2,), dtype="i4")
 

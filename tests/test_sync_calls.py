@@ -139,7 +139,7 @@ async def test_a_sync_write_behind_a_write_of_its_own_loop_raises() -> None:
     pending = asyncio.ensure_future(store.set("a/c/0/0", buf(b"\x01" * 4)))
     while not inner.entered.is_set():
         await asyncio.sleep(0.001)
-    with pytest.raises(SyncCallError, match="a/c/0/0.*deadlock"):
+    with pytest.raises(SyncCallError, match=r"a/c/0/0.*deadlock"):
         store.set_sync("a/c/0/1", buf(b"\x02" * 4))
     inner.gate.set()
     await pending
