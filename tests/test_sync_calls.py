@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import fsspec
 import pytest
 import zarr
 import zarr.api.asynchronous
+from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from zarr.abc.store import RangeByteRequest
 from zarr.core.buffer import Buffer, default_buffer_prototype
 
-from shardstore import ShardingStore, SyncCallError, sync_bridge
+from shardstore import InnerStoreError, ShardingStore, SyncCallError, sync_bridge
 
 PROTO = default_buffer_prototype()
 
@@ -165,3 +168,24 @@ async def test_a_sync_write_of_another_shard_does_not_wait() -> None:
     await pending
     got = await store.get("a/c/2/2", PROTO)
     assert got is not None and got.to_bytes() == b"\x03" * 4
+
+
+def test_a_call_whose_event_loop_stops_under_it_fails_instead_of_hanging() -> None:
+    """An async file system's sessions belong to the loop that first used them (here a
+    user's loop in another thread); calls from elsewhere hop there. If that loop stops
+    with the call queued, the caller gets an InnerStoreError naming the key, at once."""
+    name = f"stops-{time.monotonic_ns()}"
+    store = ShardingStore(fsspec.FSMap(name, AsyncFileSystemWrapper(fsspec.filesystem("memory"))), (2, 2))
+    home = asyncio.new_event_loop()
+    thread = threading.Thread(target=home.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(_array(store), home).result(timeout=30)  # the sessions' home
+    home.call_soon_threadsafe(time.sleep, 0.3)  # busy: what follows queues behind
+    home.call_soon_threadsafe(home.stop)  # ... and stops before the queued call runs
+    started = time.monotonic()
+    with pytest.raises(InnerStoreError, match=r"a/c/0/0.*stopped"):
+        store.get_sync("a/c/0/0")
+    assert time.monotonic() - started < 10
+    thread.join(timeout=5)
+    home.close()
+    fsspec.filesystem("memory").rm(f"/{name}", recursive=True)

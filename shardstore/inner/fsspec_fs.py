@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import contextlib
 import json
 import threading
@@ -243,6 +244,8 @@ async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
             return waiter.result()
         if home.is_closed() or not home.is_running():
             future.cancel()
+            if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()  # it never ran, and never will: no "never awaited" warning
             raise RuntimeError(
                 "the event loop that owns this file system's sessions stopped before the call ran"
             )
