@@ -216,3 +216,20 @@ def test_a_zarr_without_rectilinear_grids_is_told_which_zarr_it_needs() -> None:
     else:
         with pytest.raises(ShardingConfigError, match=r"'a'.*rectilinear.*zarr 3\.2.*installed: zarr 3\.1"):
             zarr.open_array(store, path="a")
+
+
+@needs_rectilinear
+@pytest.mark.usefixtures("rectilinear")
+@pytest.mark.parametrize(("layout", "edges"), [("transformer", EDGES), ("codec", [[10, 10, 10], [5] * 5])])
+def test_shard_aware_pipeline_over_rectilinear_grids(
+    tmp_path: Path, layout: str, edges: list[list[int]]
+) -> None:
+    from shardstore import PIPELINE_PATH, ShardAwarePipeline
+
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        store = ShardingStore(str(tmp_path / "s"), (2, 2), layout=layout)  # type: ignore[arg-type]
+        data = _write(store, edges)
+        arr = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+        assert isinstance(arr._async_array.codec_pipeline, ShardAwarePipeline)
+        np.testing.assert_array_equal(arr[4:21, 7:19], data[4:21, 7:19])
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
