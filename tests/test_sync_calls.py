@@ -130,11 +130,9 @@ class _Gated(zarr.storage.MemoryStore):
         await super().set(key, value)
 
 
-async def test_a_sync_write_behind_a_write_of_its_own_loop_raises() -> None:
-    """The loop that makes a sync call is blocked until it returns: a sync write of a
-    shard whose commit is under way on that loop cannot wait for it. It raises
-    SyncCallError naming the shard, does not hang, and writes nothing; the pending
-    write still lands, and a sync write after it works."""
+async def _a_commit_under_way() -> tuple[ShardingStore, _Gated, asyncio.Future[None]]:
+    """A store whose write of chunk a/c/0/0 is under way on the running loop, held at
+    the inner store's gate."""
     inner = _Gated()
     store = ShardingStore(inner, (2, 2))
     await _array(store)
@@ -142,6 +140,15 @@ async def test_a_sync_write_behind_a_write_of_its_own_loop_raises() -> None:
     pending = asyncio.ensure_future(store.set("a/c/0/0", buf(b"\x01" * 4)))
     while not inner.entered.is_set():
         await asyncio.sleep(0.001)
+    return store, inner, pending
+
+
+async def test_a_sync_write_behind_a_write_of_its_own_loop_raises() -> None:
+    """The loop that makes a sync call is blocked until it returns: a sync write of a
+    shard whose commit is under way on that loop cannot wait for it. It raises
+    SyncCallError naming the shard, does not hang, and writes nothing; the pending
+    write still lands, and a sync write after it works."""
+    store, inner, pending = await _a_commit_under_way()
     with pytest.raises(SyncCallError, match=r"a/c/0/0.*deadlock"):
         store.set_sync("a/c/0/1", buf(b"\x02" * 4))
     inner.gate.set()
@@ -155,15 +162,8 @@ async def test_a_sync_write_behind_a_write_of_its_own_loop_raises() -> None:
 
 async def test_a_sync_write_of_another_shard_does_not_wait() -> None:
     """Only the shard whose commit waits on the blocked loop is refused."""
-    inner = _Gated()
-    store = ShardingStore(inner, (2, 2))
-    await _array(store)
-    inner.gate.clear()
-    pending = asyncio.ensure_future(store.set("a/c/0/0", buf(b"\x01" * 4)))
-    while not inner.entered.is_set():
-        await asyncio.sleep(0.001)
-    reader = threading.Timer(0.05, inner.gate.set)  # the other shard's write also meets the gate
-    reader.start()
+    store, inner, pending = await _a_commit_under_way()
+    threading.Timer(0.05, inner.gate.set).start()  # the other shard's write also meets the gate
     store.set_sync("a/c/2/2", buf(b"\x03" * 4))
     await pending
     got = await store.get("a/c/2/2", PROTO)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import contextlib
+import inspect
 import json
 import threading
 import warnings
