@@ -24,6 +24,7 @@ from shardstore.codec_form import codec_layout_problem
 from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning, UnshardedArrayWarning
 from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
+from shardstore.formats.precomputed import PrecomputedSharding, renumbered
 from shardstore.inner import InnerStore, slice_range
 from shardstore.keys import join_path, split_key
 from shardstore.metadata import (
@@ -121,8 +122,28 @@ class MetadataGateway:
         existing = await self._catalog.document(path, name)  # the document being replaced
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
+            await self._check_ids_kept(existing, written)
             return None if existing.shard_format is None else (existing.shard_format, existing.form)
         return self._new_format(path, name, written, doc)
+
+    async def _check_ids_kept(self, existing: ArrayInfo, written: ArrayInfo) -> None:
+        """Refuse, before the document changes, a resize that would renumber chunks
+        already stored: the neuroglancer format's chunk ids (compressed Morton codes)
+        depend on the grid shape. An array with no shard objects yet may take any shape."""
+        if not isinstance(existing.shard_format, PrecomputedSharding):
+            return
+        if not renumbered(existing.grid_shape, written.grid_shape):
+            return
+        async for _ in self._inner.list_prefix(existing.chunk_prefix):
+            raise ShardingConfigError(
+                f"array {existing.path or '/'!r}: resizing it from shape {list(existing.shape)} to "
+                f"{list(written.shape)} would renumber the chunks it holds (a grid of "
+                f"{list(existing.grid_shape)} -> {list(written.grid_shape)} chunks; the neuroglancer "
+                "precomputed format numbers chunks by the compressed Morton code of their grid "
+                "position, which depends on the grid's shape), so its data would no longer read "
+                "back; the metadata was not changed. Copy the data into a new array of the new "
+                "shape, or keep arrays that grow in the indexed format"
+            )
 
     def check_new_array(self, key: str, raw: bytes) -> None:
         """Raise ShardingConfigError if writing this new array document would (a dry

@@ -51,6 +51,7 @@ __all__ = [
     "morton_positions",
     "murmurhash3_x86_128_64",
     "parse_shard",
+    "renumbered",
     "shard_file_name",
     "shard_number_of_name",
     "shard_problems",
@@ -346,6 +347,25 @@ def compressed_morton_code(
                 code |= bit << np.uint64(j)
                 j += 1
     return code
+
+
+def _bit_places(grid_shape: Sequence[int]) -> dict[tuple[int, int], int]:
+    """Where bit ``i`` of dimension ``d`` goes in a compressed Morton code: (i, d) -> j."""
+    places: dict[tuple[int, int], int] = {}
+    for i in range(max(((s - 1).bit_length() for s in grid_shape), default=0)):
+        for d, s in enumerate(grid_shape):
+            if (1 << i) < s:
+                places[(i, d)] = len(places)
+    return places
+
+
+def renumbered(old_grid: Sequence[int], new_grid: Sequence[int]) -> bool:
+    """Whether some grid position inside both grids has another compressed Morton code
+    in ``new_grid`` than in ``old_grid`` (a grid change that moves existing chunks)."""
+    common = [min(o, n) for o, n in zip(old_grid, new_grid, strict=True)]
+    old, new = _bit_places(old_grid), _bit_places(new_grid)
+    live = [(i, d) for (i, d) in old if (1 << i) < common[d]]  # bits a common position can set
+    return any(old[bit] != new.get(bit) for bit in live)
 
 
 def morton_positions(codes: npt.NDArray[np.uint64], grid_shape: Sequence[int]) -> npt.NDArray[np.int64]:
