@@ -130,6 +130,12 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             evolved, fallback=fallback.from_codecs(list(self)).evolve_from_array_spec(array_spec)
         )
 
+    def _other_store_pipeline(self, chunks: Sequence[ChunkInfo]) -> CodecPipeline | None:
+        """The fallback, for a selection of an array outside any ShardingStore."""
+        if self.fallback is None or not chunks or _in_sharding_store(chunks):
+            return None
+        return self.fallback
+
     async def read(
         self, batch_info: Iterable[ChunkInfo], out: NDBuffer, drop_axes: tuple[int, ...] = ()
     ) -> Any:
@@ -138,8 +144,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:
-            if self.fallback is not None and chunks and not _in_sharding_store(chunks):
-                return await self.fallback.read(chunks, out, drop_axes)
+            other = self._other_store_pipeline(chunks)
+            if other is not None:
+                return await other.read(chunks, out, drop_axes)
             return await super().read(chunks, out, drop_axes)
         groups = await _by_shard(store, chunks)
         results: list[Any] = [None] * len(chunks)
@@ -169,8 +176,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:
-            if self.fallback is not None and chunks and not _in_sharding_store(chunks):
-                await self.fallback.write(chunks, value, drop_axes)
+            other = self._other_store_pipeline(chunks)
+            if other is not None:
+                await other.write(chunks, value, drop_axes)
             else:
                 await super().write(chunks, value, drop_axes)
             return
