@@ -88,7 +88,7 @@ def locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> ChunkAddress:
     if isinstance(fmt, PrecomputedSharding):
         chunk_id = compressed_morton_code(np.array([coords]), info.grid_shape)
         shard = int(locate_ids(fmt, chunk_id)[0][0])
-        shard_key = info.chunk_prefix + shard_file_name(fmt, shard)
+        shard_key = info.shard_prefix + shard_file_name(fmt, shard)
         return ChunkAddress(key, ShardAddress(info, shard_key, (shard,)), int(chunk_id[0]))
     assert isinstance(fmt, IndexedFormat)
     shard_coords, position = locate_chunk(coords, fmt.chunks_per_shard)
@@ -99,7 +99,7 @@ def shard_at(info: ArrayInfo, key: str) -> ShardAddress | None:
     """The shard object ``key`` is, of a sharded array (None: not one of its shards)."""
     fmt = info.shard_format
     if isinstance(fmt, PrecomputedSharding):
-        name = key[len(info.chunk_prefix) :] if key.startswith(info.chunk_prefix) else ""
+        name = key[len(info.shard_prefix) :] if key.startswith(info.shard_prefix) else ""
         number = shard_number_of_name(fmt, name)
         return None if number is None else ShardAddress(info, key, (number,))
     coords = info.coords(key) if fmt is not None else None

@@ -9,8 +9,10 @@ in the inner store. Entries are dropped when their documents are deleted.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 
+from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.inner import InnerStore
 from shardstore.keys import candidate_array_paths, join_path
 from shardstore.metadata import (
@@ -25,6 +27,8 @@ from shardstore.metadata import (
 )
 
 __all__ = ["ArrayCatalog"]
+
+_SHARD_FILE = re.compile(r"(?:[^/]+/)?[0-9a-f]+\.shard")
 
 
 class ArrayCatalog:
@@ -115,15 +119,19 @@ class ArrayCatalog:
         return None
 
     async def array_for_shard_file(self, key: str) -> ArrayInfo | None:
-        """The array sharded by chunk ids (``<chunk prefix><hex>.shard`` files) that
-        ``key`` is a shard file of, if any: such keys are no chunk keys."""
-        directory = key.rpartition("/")[0]
-        candidates = [directory]
-        if directory == "c" or directory.endswith("/c"):
-            candidates.insert(0, directory[:-2].rstrip("/"))
-        for path in candidates:
-            info = await self.lookup(path)
-            if info is not None and info.shard_format is not None and key.startswith(info.chunk_prefix):
+        """The array sharded by chunk ids whose chunk prefix holds ``key``, a shard file
+        named like ``<hex>.shard`` there or one directory below (its shard directory,
+        or one an interrupted resize left): such keys are no chunk keys. Whether it is
+        one of the array's shards now is :func:`~shardstore.addressing.shard_at`'s to say."""
+        parts = key.split("/")[:-1]
+        for up in range(min(len(parts), 3) + 1):  # <array>/[c/][directory/]<hex>.shard
+            info = await self.lookup("/".join(parts[: len(parts) - up]))
+            if (
+                info is not None
+                and isinstance(info.shard_format, PrecomputedSharding)
+                and key.startswith(info.chunk_prefix)
+                and _SHARD_FILE.fullmatch(key[len(info.chunk_prefix) :]) is not None
+            ):
                 return info
         return None
 

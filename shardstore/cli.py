@@ -176,7 +176,8 @@ def _info(args: argparse.Namespace) -> int:
         f"{'layout':>11} {'writes':>7}"
     )
     for r in reports:
-        cps = "x".join(map(str, r.chunks_per_shard)) if r.chunks_per_shard else "no"
+        by_id = "neuroglancer" if r.sharded else "no"  # sharded by chunk id: no grid block per shard
+        cps = "x".join(map(str, r.chunks_per_shard)) if r.chunks_per_shard else by_id
         print(
             f"{r.path or '/':<30} {cps:>12} {r.shards:>7} {r.chunks:>6}/{r.grid_chunks:<6} "
             f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,} "

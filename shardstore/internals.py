@@ -42,7 +42,13 @@ class StoreInternals:
     async def shards_under(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
         """Shard objects that may hold keys under ``prefix``, and the other inner keys
         under it (which pass through); a batch open on the store is committed first."""
-        return await self._lister.scan(prefix)
+        found = await self._lister.scan(prefix)
+        return found.shards, found.plain
+
+    async def stale_shard_files(self, prefix: str) -> list[str]:
+        """Shard files under ``prefix`` that an interrupted resize of an array sharded by
+        chunk ids left outside the directory its metadata names (never read)."""
+        return (await self._lister.scan(prefix)).stale
 
     async def read_indices(self, shards: list[ShardAddress]) -> list[ChunkTable | None]:
         """The shards' indices, read afresh in one batch (None: no such shard)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 from shardstore.addressing import ChunkAddress, ShardAddress, shard_at
 from shardstore.catalog import ArrayCatalog
@@ -12,7 +13,7 @@ from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.inner import InnerStore
 from shardstore.reading.reader import ShardReader
 
-__all__ = ["ShardLister", "as_dir"]
+__all__ = ["Scanned", "ShardLister", "as_dir"]
 
 _INDEX_BATCH = 512
 """Shard indices read per inner batch while listing."""
@@ -26,6 +27,20 @@ def _nbytes(table: ChunkTable, chunk: int) -> int:
 
 def as_dir(prefix: str) -> str:
     return prefix if prefix == "" or prefix.endswith("/") else prefix + "/"
+
+
+@dataclass
+class Scanned:
+    """The inner objects under a prefix, by what they are to the store."""
+
+    shards: list[ShardAddress] = field(default_factory=list)
+    """Shard objects of sharded arrays."""
+    plain: list[str] = field(default_factory=list)
+    """Keys that pass through (metadata, unsharded arrays, foreign files)."""
+    stale: list[str] = field(default_factory=list)
+    """Shard files of an array sharded by chunk ids that are not its shards now: an
+    interrupted resize left them in a directory the metadata no longer names. Never
+    read or listed; deleted with their array, reported by ``leftovers``."""
 
 
 class ShardLister:
@@ -46,26 +61,29 @@ class ShardLister:
         self._reader = reader
         self._settle = settle
 
-    async def scan(self, prefix: str) -> tuple[list[ShardAddress], list[str]]:
-        """Inner objects that may hold keys under ``prefix``: shard objects of sharded
-        arrays, and the other keys under the prefix (which pass through)."""
+    async def scan(self, prefix: str) -> Scanned:
+        """Inner objects that may hold keys under ``prefix``, by what they are."""
         await self._settle()
         around = await self._catalog.sharded_array_around(prefix)
         inner_prefix = prefix
         if around is not None and prefix.startswith(around.chunk_prefix):
             inner_prefix = around.chunk_prefix  # shard keys differ from the chunk keys below
-        shards: list[ShardAddress] = []
-        plain: list[str] = []
+        found = Scanned()
         async for key in self._inner.list_prefix(inner_prefix):
             info = await self._catalog.array_for_key(key)
-            if info is None and key.endswith(".shard"):
-                info = await self._catalog.array_for_shard_file(key)
             shard = None if info is None else shard_at(info, key)
+            if shard is None and info is None and key.endswith(".shard"):
+                info = await self._catalog.array_for_shard_file(key)
+                shard = None if info is None else shard_at(info, key)
+                if shard is None and info is not None:
+                    if key.startswith(prefix):
+                        found.stale.append(key)
+                    continue
             if shard is not None:
-                shards.append(shard)
+                found.shards.append(shard)
             elif key.startswith(prefix):
-                plain.append(key)
-        return shards, plain
+                found.plain.append(key)
+        return found
 
     async def chunks_in(
         self, shards: list[ShardAddress], prefix: str
@@ -81,16 +99,16 @@ class ShardLister:
                         yield ChunkAddress(key, shard, pos), _nbytes(index, pos)
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        shards, plain = await self.scan(prefix)
-        for key in plain:
+        found = await self.scan(prefix)
+        for key in found.plain:
             yield key
-        async for chunk, _ in self.chunks_in(shards, prefix):
+        async for chunk, _ in self.chunks_in(found.shards, prefix):
             yield chunk.key
 
     async def size_under(self, prefix: str) -> int:
-        shards, plain = await self.scan(prefix)
-        total = sum(s or 0 for s in await asyncio.gather(*(self._inner.getsize(k) for k in plain)))
-        async for _, nbytes in self.chunks_in(shards, prefix):
+        found = await self.scan(prefix)
+        total = sum(s or 0 for s in await asyncio.gather(*(self._inner.getsize(k) for k in found.plain)))
+        async for _, nbytes in self.chunks_in(found.shards, prefix):
             total += nbytes
         return total
 

@@ -413,6 +413,12 @@ _LEFTOVERS = {
     "never read; delete it when no writer runs",
 }
 
+_STALE_SHARD = (
+    "shard file outside the directory its array's metadata names: left by a resize that "
+    "renumbered the array's chunks and was interrupted (or ran beside another one); never "
+    "read; delete it when no resize of the array runs"
+)
+
 
 def _owner(hidden: str) -> tuple[str, str]:
     """(object key, kind) of one of the hidden files beside objects: ``.<name>.appending``,
@@ -429,7 +435,9 @@ async def leftovers_async(store: ShardingStore, prefix: str = "") -> dict[str, s
     key -> what it is. Running writers have them too; what a crash leaves stays until
     the object's next write (a partial write until deleted). Never damage by itself."""
     found = await store.internals.raw.temporary_files(prefix)
-    return {hidden: _LEFTOVERS[kind].format(obj=obj) for hidden in found for obj, kind in [_owner(hidden)]}
+    hidden = {key: _LEFTOVERS[kind].format(obj=obj) for key in found for obj, kind in [_owner(key)]}
+    stale = await store.internals.stale_shard_files(prefix)
+    return hidden | {key: _STALE_SHARD for key in stale}
 
 
 def leftovers(store: ShardingStore, prefix: str = "") -> dict[str, str]:

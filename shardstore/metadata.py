@@ -202,6 +202,15 @@ class ArrayInfo:
         """Every chunk (and shard) key of the array starts with this."""
         return self.prefix + self.grammar.common_prefix(self.ndim)
 
+    @property
+    def shard_prefix(self) -> str:
+        """Every shard key of the array starts with this: the chunk prefix, or for
+        chunks numbered by id the directory below it that the sharding names."""
+        fmt = self.shard_format
+        if isinstance(fmt, PrecomputedSharding) and fmt.directory:
+            return f"{self.chunk_prefix}{fmt.directory}/"
+        return self.chunk_prefix
+
     def tail(self, key: str) -> str | None:
         return key[len(self.prefix) :] if key.startswith(self.prefix) else None
 
@@ -442,6 +451,8 @@ class ShardingPolicy:
             raise ShardingConfigError(f"index_location must be 'start' or 'end', not {self.index_location!r}")
         if isinstance(cps, Sequence) and not isinstance(cps, str | bytes):
             object.__setattr__(self, "chunks_per_shard", tuple(cps))  # (4, 4) == [4, 4]
+        if isinstance(cps, Mapping) and "@type" in cps:  # a neuroglancer "sharding" object, not paths
+            object.__setattr__(self, "chunks_per_shard", PrecomputedSharding.from_json(cps, "chunks_per_shard"))
 
     def names(self, path: str) -> bool:
         """Whether the user asked for this array by path (a mapping entry)."""
@@ -463,6 +474,8 @@ class ShardingPolicy:
             chosen = cps if len(cps) == ndim else None  # other ranks stay unsharded
         if chosen is None:
             return None
+        if isinstance(chosen, Mapping):  # a neuroglancer "sharding" object as a mapping value
+            chosen = PrecomputedSharding.from_json(chosen, f"array {path or '/'!r}: chunks_per_shard")
         if isinstance(chosen, PrecomputedSharding):
             return check_zarr_view(path, chosen)
         if isinstance(chosen, IndexedFormat):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import zarr
 from zarr.abc.store import ByteRequest
@@ -25,7 +25,9 @@ from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning, U
 from shardstore.formats.base import ShardFormat
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.formats.precomputed import PrecomputedSharding, renumbered
+from shardstore.id_migration import Migration, delete_old, migrate, shard_keys
 from shardstore.inner import InnerStore, slice_range
+from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import join_path, split_key
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
@@ -41,7 +43,10 @@ from shardstore.metadata import (
     present_document,
 )
 
-__all__ = ["MetadataGateway"]
+__all__ = ["MetadataGateway", "Renumbering"]
+
+Renumbering = Literal["migrate", "refuse"]
+"""What a resize that would give stored chunks new ids (neuroglancer format) does."""
 
 
 class MetadataGateway:
@@ -50,12 +55,21 @@ class MetadataGateway:
     transformer entry, or standard codec metadata)."""
 
     def __init__(
-        self, inner: InnerStore, catalog: ArrayCatalog, policy: ShardingPolicy, form: Layout
+        self,
+        inner: InnerStore,
+        catalog: ArrayCatalog,
+        policy: ShardingPolicy,
+        form: Layout,
+        *,
+        renumbering: Renumbering = "migrate",
+        attempts: int = DEFAULT_ATTEMPTS,
     ) -> None:
         self._inner = inner
         self._catalog = catalog
         self._policy = policy
         self._form = form
+        self._renumbering = renumbering
+        self._attempts = attempts
         self._unsharded_ranks: set[int] = set()
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
@@ -86,13 +100,16 @@ class MetadataGateway:
         """Write a metadata document, recording (or keeping) the array's sharding config."""
         path, name = split_key(key)
         doc = load_document(raw)
+        migration = None
         if doc is not None:
             changed = False
             written = array_info(path, name, doc) if name in ARRAY_DOC_NAMES else None
             if written is not None:
                 itself = written.form == "codec" or written.codec_sharded  # zarr's own sharding codec
                 self._catalog.zarr_shards(path, itself)
-                decided = None if itself else await self._format_for_written(path, name, written, doc)
+                decided, migration = (
+                    (None, None) if itself else await self._format_for_written(path, name, written, doc)
+                )
                 if decided is not None:
                     inject_sharding(doc, *decided)
                     changed = True
@@ -106,7 +123,9 @@ class MetadataGateway:
                     changed = True
             if changed:
                 raw = dump_document(doc)
-        await self.write_as_is(key, raw)
+        await self.write_as_is(key, raw)  # the commit of a migration, if there is one
+        if migration is not None:
+            await delete_old(self._inner, migration, path)
 
     async def write_as_is(self, key: str, raw: bytes) -> None:
         """Write a document exactly as given, and note it in the catalog."""
@@ -115,35 +134,44 @@ class MetadataGateway:
 
     async def _format_for_written(
         self, path: str, name: str, written: ArrayInfo, doc: dict[str, Any]
-    ) -> tuple[ShardFormat, Layout] | None:
-        """How a plain array document zarr writes is to be sharded, and in which form."""
+    ) -> tuple[tuple[ShardFormat, Layout] | None, Migration | None]:
+        """How a plain array document zarr writes is to be sharded, and in which form;
+        and the migration of its chunks to new ids that the document commits, if any."""
         if written.shard_format is not None:  # the writer recorded a config itself
-            return written.shard_format, "transformer"
+            return (written.shard_format, "transformer"), None
         existing = await self._catalog.document(path, name)  # the document being replaced
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
-            await self._check_ids_kept(existing, written)
-            return None if existing.shard_format is None else (existing.shard_format, existing.form)
-        return self._new_format(path, name, written, doc)
+            if existing.shard_format is None:
+                return None, None
+            migration = await self._keep_ids(existing, written)
+            fmt = existing.shard_format if migration is None else migration.shard_format
+            return (fmt, existing.form), migration
+        return self._new_format(path, name, written, doc), None
 
-    async def _check_ids_kept(self, existing: ArrayInfo, written: ArrayInfo) -> None:
-        """Refuse, before the document changes, a resize that would renumber chunks
-        already stored: the neuroglancer format's chunk ids (compressed Morton codes)
-        depend on the grid shape. An array with no shard objects yet may take any shape."""
+    async def _keep_ids(self, existing: ArrayInfo, written: ArrayInfo) -> Migration | None:
+        """Keep every stored chunk readable across a resize: the neuroglancer format's
+        chunk ids (compressed Morton codes) depend on the grid shape, so a resize that
+        would renumber stored chunks moves them to their new ids (the document written
+        next commits it) or, with ``renumbering="refuse"``, is refused before anything
+        changes."""
         if not isinstance(existing.shard_format, PrecomputedSharding):
-            return
+            return None
         if not renumbered(existing.grid_shape, written.grid_shape):
-            return
-        async for _ in self._inner.list_prefix(existing.chunk_prefix):
+            return None
+        if self._renumbering == "migrate":
+            return await migrate(self._inner, existing, written.grid_shape, attempts=self._attempts)
+        if await shard_keys(self._inner, existing):
             raise ShardingConfigError(
                 f"array {existing.path or '/'!r}: resizing it from shape {list(existing.shape)} to "
                 f"{list(written.shape)} would renumber the chunks it holds (a grid of "
                 f"{list(existing.grid_shape)} -> {list(written.grid_shape)} chunks; the neuroglancer "
                 "precomputed format numbers chunks by the compressed Morton code of their grid "
-                "position, which depends on the grid's shape), so its data would no longer read "
-                "back; the metadata was not changed. Copy the data into a new array of the new "
-                "shape, or keep arrays that grow in the indexed format"
+                "position, which depends on the grid's shape), and this store was opened with "
+                "renumbering='refuse'; the metadata was not changed. Open it with "
+                "renumbering='migrate' to move the chunks to their new ids"
             )
+        return None
 
     def check_new_array(self, key: str, raw: bytes) -> None:
         """Raise ShardingConfigError if writing this new array document would (a dry

@@ -15,6 +15,7 @@ from shardstore.errors import ShardingConfigError
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.metadata import Layout
+from shardstore.metadata_gateway import Renumbering
 from shardstore.writing.writer import WriteStrategy
 
 __all__ = [
@@ -47,6 +48,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "write_strategy": ("rewrite", "append"),
     "read_strategy": ("auto", "chunk", "shard"),
     "index_cache": ("auto", "trust", "off", "revalidate"),
+    "renumbering": ("migrate", "refuse"),
 }
 
 
@@ -87,6 +89,10 @@ class StoreOptions:
     ``fetch_concurrency``: shards that one read or write of many chunks (through
     :class:`~shardstore.pipeline.ShardAwarePipeline`, ``get_partial_values``,
     ``set_many``) fetches or commits at once.
+    ``renumbering``: what a resize of an array in the neuroglancer format does when
+    the new grid would give stored chunks other ids: ``"migrate"`` moves them to
+    their new ids (a copy committed by the metadata write), ``"refuse"`` raises
+    :class:`~shardstore.errors.ShardingConfigError` before anything changes.
     """
 
     layout: Layout = "transformer"
@@ -99,6 +105,7 @@ class StoreOptions:
     write_attempts: int = DEFAULT_ATTEMPTS
     whole_shard_bytes: int | None = None
     fetch_concurrency: int = DEFAULT_FETCH_CONCURRENCY
+    renumbering: Renumbering = "migrate"
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():

@@ -27,7 +27,7 @@ from shardstore.internals import StoreInternals
 from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
 from shardstore.metadata import ChunksPerShard, Layout, ShardingPolicy
-from shardstore.metadata_gateway import MetadataGateway
+from shardstore.metadata_gateway import MetadataGateway, Renumbering
 from shardstore.options import (
     DEFAULT_FETCH_CONCURRENCY,
     IndexCacheMode,
@@ -57,8 +57,8 @@ class ShardingStore(Store):
     how new arrays' metadata describes the sharding (``"transformer"`` or the
     ``"codec"`` zarr reads without shardstore). ``write_strategy``,
     ``read_strategy``, the caches (``index_cache``, ``index_cache_bytes``,
-    ``shard_cache_bytes``, ``cache_max_age``) and ``write_attempts`` are this
-    instance's own choices, never recorded (see
+    ``shard_cache_bytes``, ``cache_max_age``), ``write_attempts`` and
+    ``renumbering`` are this instance's own choices, never recorded (see
     :class:`~shardstore.options.StoreOptions`). A ``read_only`` store refuses
     writes.
     """
@@ -81,6 +81,7 @@ class ShardingStore(Store):
         write_attempts: int = DEFAULT_ATTEMPTS,
         whole_shard_bytes: int | None = None,
         fetch_concurrency: int = DEFAULT_FETCH_CONCURRENCY,
+        renumbering: Renumbering = "migrate",
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
@@ -95,13 +96,21 @@ class ShardingStore(Store):
             write_attempts=write_attempts,
             whole_shard_bytes=whole_shard_bytes,
             fetch_concurrency=fetch_concurrency,
+            renumbering=renumbering,
         )
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)
-        self._metadata = MetadataGateway(self._inner, self._catalog, self._policy, self._options.layout)
+        self._metadata = MetadataGateway(
+            self._inner,
+            self._catalog,
+            self._policy,
+            self._options.layout,
+            renumbering=renumbering,
+            attempts=write_attempts,
+        )
         reads = ReadPolicy.resolve(self._options, self._inner)
         self._reader = ShardReader(
             self._inner, IndexCache(reads.index_cache_bytes), ShardCache(reads.shard_cache_bytes), reads
@@ -404,17 +413,17 @@ class ShardingStore(Store):
         """ZEP 2 ``erase_prefix``: shards wholly under the prefix are deleted without
         reading them; shards partly under it lose only the chunks under it."""
         self._check_writable()
-        shards, plain = await self._lister.scan(prefix)
-        whole = [s.key for s in shards if s.info.chunk_prefix.startswith(prefix)]
-        partial = [s for s in shards if not s.info.chunk_prefix.startswith(prefix)]
+        found = await self._lister.scan(prefix)
+        whole = [s.key for s in found.shards if s.info.chunk_prefix.startswith(prefix)]
+        partial = [s for s in found.shards if not s.info.chunk_prefix.startswith(prefix)]
         doomed: UpdatesByShard = {}
         async for chunk, _ in self._lister.chunks_in(partial, prefix):
             add_update(doomed, chunk, None)
-        metadata = [k for k in plain if await self._router.route(k) == "metadata"]
+        metadata = [k for k in found.plain if await self._router.route(k) == "metadata"]
         await asyncio.gather(
             self._writer.write_all(doomed),
             *(self._writer.delete_shard(k) for k in whole),
-            *(self._delete_object(k) for k in plain if k not in metadata),
+            *(self._delete_object(k) for k in found.plain + found.stale if k not in metadata),
         )
         # Metadata last: an interrupted erase never leaves shards without their array.
         await asyncio.gather(*(self._delete_object(k) for k in metadata))

@@ -167,3 +167,28 @@ def test_a_write_through_the_store_is_seen_by_its_next_read(tmp_path: Path) -> N
     assert (arr[:8, :8] == 1).all()  # minishard indices cached (trusted)
     arr[:8, :8] = 2
     assert (arr[:8, :8] == 2).all() and (arr[8:, :] == 1).all()
+
+
+def test_a_sharding_object_as_chunks_per_shard_is_the_format_not_a_mapping_of_paths(tmp_path: Path) -> None:
+    sharding = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "preshift_bits": 1,
+        "hash": "identity",
+        "minishard_bits": 2,
+        "shard_bits": 2,
+    }
+    for name, cps in (("a", sharding), ("b", {"b": sharding})):
+        arr = zarr.create_array(
+            ShardingStore(str(tmp_path), chunks_per_shard=cps),
+            name=name,
+            shape=(64, 64),
+            chunks=(16, 16),
+            dtype="i4",
+        )
+        arr[:] = 3
+        assert sorted(p.name for p in (tmp_path / name / "c").iterdir()) == ["0.shard", "1.shard"]
+        np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path)), path=name)[:], 3)
+    with pytest.raises(ShardingConfigError, match="chunks_per_shard: field 'preshift_bits' is missing"):
+        ShardingStore(
+            str(tmp_path), chunks_per_shard={k: v for k, v in sharding.items() if k != "preshift_bits"}
+        )

@@ -1,23 +1,43 @@
 """Resizes keep the data: in the neuroglancer format chunk ids are compressed Morton
 codes of grid positions, which depend on the grid shape, so a resize that would
-renumber chunks already stored is refused before the metadata changes."""
+renumber chunks already stored moves them to their new ids, in a new directory
+that the metadata write commits (or, with ``renumbering="refuse"``, is refused
+before anything changes)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import zarr
 from hypothesis import given
 from hypothesis import strategies as st
+from zarr.core.buffer import default_buffer_prototype
 
 from shardstore import ShardingConfigError, ShardingStore
-from shardstore.formats.precomputed import PrecomputedSharding, compressed_morton_code, renumbered
+from shardstore.errors import ShardConflictError, ShardStoreError
+from shardstore.formats.precomputed import (
+    PrecomputedSharding,
+    compressed_morton_code,
+    morton_positions,
+    renumber,
+    renumbered,
+)
+from shardstore.maintenance import leftovers, verify
 
-from .helpers import sample
+from .helpers import logical_keys, sample
 
 SHARDING = PrecomputedSharding(1, "identity", 2, 2)
 
@@ -35,8 +55,8 @@ def test_renumbered_says_whether_a_common_position_changes_id(grids: tuple[list[
     assert renumbered(old, new) == bool(moved)
 
 
-def _array(tmp_path: Path) -> tuple[zarr.Array, np.ndarray]:
-    store = ShardingStore(str(tmp_path / "s"), chunks_per_shard=SHARDING)
+def _array(tmp_path: Path, **options: Any) -> tuple[zarr.Array, np.ndarray]:
+    store = ShardingStore(str(tmp_path / "s"), chunks_per_shard=SHARDING, **options)
     arr = zarr.create_array(store, name="a", shape=(32, 128), chunks=(16, 16), dtype="i4")
     data = sample((32, 128), "i4")
     arr[:] = data
@@ -44,7 +64,7 @@ def _array(tmp_path: Path) -> tuple[zarr.Array, np.ndarray]:
 
 
 def test_a_growth_that_would_renumber_chunks_is_refused_before_anything_changes(tmp_path: Path) -> None:
-    arr, data = _array(tmp_path)
+    arr, data = _array(tmp_path, renumbering="refuse")
     before = (tmp_path / "s" / "a" / "zarr.json").read_bytes()
     shards = {p.name: p.read_bytes() for p in (tmp_path / "s" / "a" / "c").iterdir()}
     with pytest.raises(ShardingConfigError, match=r"'a'.*\[32, 128\] to \[200, 128\].*renumber"):
@@ -87,3 +107,273 @@ def test_the_indexed_format_resizes_freely(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:32, :128], data
     )
+
+
+@given(grids=_grids, seed=st.integers(0, 2**32 - 1))
+def test_renumber_maps_each_kept_position_to_its_code_in_the_new_grid(
+    grids: tuple[list[int], list[int]], seed: int
+) -> None:
+    old, new = grids
+    positions = np.array(list(itertools.product(*(range(g) for g in old))))
+    ids = compressed_morton_code(positions, old)
+    np.random.default_rng(seed).shuffle(ids)
+    kept, new_ids = renumber(ids, old, new)
+    back = morton_positions(ids, old)
+    inside = np.all(back < np.minimum(old, new), axis=1)
+    np.testing.assert_array_equal(kept, inside)
+    np.testing.assert_array_equal(new_ids, compressed_morton_code(back[inside], new))
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize(
+    "new_shape",
+    [(200, 128), (16, 128), (200, 64), (64, 16), (1, 1), (0, 128), (32, 129)],
+    ids=["grow", "shrink", "grow-and-shrink", "other-axis", "one-chunk", "empty", "keeps-ids"],
+)
+def test_a_renumbering_resize_moves_every_chunk_to_its_new_id(
+    tmp_path: Path, new_shape: tuple[int, int]
+) -> None:
+    arr, data = _array(tmp_path)
+    plain = zarr.create_array(
+        zarr.storage.MemoryStore(), name="a", shape=(32, 128), chunks=(16, 16), dtype="i4"
+    )
+    plain[:] = data
+    arr.resize(new_shape)
+    plain.resize(new_shape)
+    reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+    assert reopened.shape == new_shape
+    np.testing.assert_array_equal(reopened[:], plain[:])
+    np.testing.assert_array_equal(arr[:], plain[:])  # the same store goes on with the new ids
+    doc = json.loads((tmp_path / "s" / "a" / "zarr.json").read_text())
+    config = doc["storage_transformers"][0]["configuration"]
+    moved = renumbered((2, 8), [-(-s // 16) for s in new_shape]) and 0 not in new_shape
+    assert ("directory" in config) == moved
+    shard_files = [f for f in _files(tmp_path / "s") if f.endswith(".shard")]
+    prefix = f"a/c/{config['directory']}/" if moved else "a/c/"
+    assert all(f.startswith(prefix) and "/" not in f[len(prefix) :] for f in shard_files), shard_files
+    assert leftovers(ShardingStore(str(tmp_path / "s"))) == {}
+    # the array goes on: writes, another renumbering resize, listings
+    arr[:] = 7 if 0 in new_shape else arr[:] + 1
+    arr.resize((40, 40))
+    plain[:] = 7 if 0 in new_shape else plain[:] + 1
+    plain.resize((40, 40))
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], plain[:])
+    assert [k for k in logical_keys(ShardingStore(str(tmp_path / "s"))) if "/c/" in k] == sorted(
+        k for k in asyncio.run(_keys(plain.store)) if "/c/" in k
+    )
+
+
+async def _keys(store: zarr.abc.store.Store) -> list[str]:
+    return [k async for k in store.list_prefix("")]
+
+
+class _Killed(Exception):
+    """The writer died here: this mutation and every later one never reach storage."""
+
+
+class _DiesAfter(MutableMapping[str, bytes]):
+    """Storage whose writer dies after ``budget`` mutations: what it holds then is
+    what a process killed at that moment leaves (its clean-up never lands)."""
+
+    def __init__(self, data: dict[str, bytes], budget: int) -> None:
+        self.data, self.budget = data, budget
+
+    def _spend(self) -> None:
+        if self.budget == 0:
+            raise _Killed
+        self.budget -= 1
+
+    def __getitem__(self, key: str) -> bytes:
+        return self.data[key]
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self._spend()
+        self.data[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self._spend()
+        del self.data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self.data))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+@pytest.mark.parametrize("new_shape", [(200, 128), (200, 64)], ids=["grow", "grow-and-shrink"])
+def test_a_resize_killed_at_any_step_leaves_the_old_array_or_the_new_one(new_shape: tuple[int, int]) -> None:
+    base: dict[str, bytes] = {}
+    arr = zarr.create_array(
+        ShardingStore(base, chunks_per_shard=SHARDING), name="a", shape=(32, 128), chunks=(16, 16), dtype="i4"
+    )
+    data = sample((32, 128), "i4")
+    arr[:] = data
+    counter = _DiesAfter(dict(base), 10**9)
+    zarr.open_array(ShardingStore(counter), path="a").resize(new_shape)
+    steps = 10**9 - counter.budget
+    assert steps > 3  # the copy, the commit, the clean-up
+    outcomes = set()
+    for budget in range(steps):
+        held = dict(base)
+        try:
+            zarr.open_array(ShardingStore(_DiesAfter(held, budget)), path="a").resize(new_shape)
+            returned = True  # killed while deleting the old shards: the resize is done
+        except ShardStoreError:  # the inner store's failure, named
+            returned = False
+        store = ShardingStore(held)
+        got = zarr.open_array(store, path="a")
+        assert got.shape in ((32, 128), new_shape)
+        assert got.shape == new_shape or not returned
+        outcomes.add(got.shape)
+        common = tuple(slice(0, min(a, b)) for a, b in zip((32, 128), new_shape, strict=True))
+        np.testing.assert_array_equal(got[common], data[common])  # never lost, never scrambled
+        if got.shape == (32, 128):  # zarr may have deleted some of the chunks it was dropping
+            rest = got[:]
+            assert ((rest == data) | (rest == 0)).all()
+        else:
+            assert not got[common[0].stop :, :].any() and not got[:, common[1].stop :].any()
+        assert verify(store) == {}
+        stale = leftovers(store)
+        assert all(k.endswith(".shard") for k in stale)
+        for key in stale:  # what leftovers reports can go, and the array stays whole
+            del held[key]
+        np.testing.assert_array_equal(zarr.open_array(ShardingStore(held), path="a")[:], got[:])
+        # and the resize can be made again
+        again = zarr.open_array(ShardingStore(held), path="a")
+        again.resize(new_shape)
+        np.testing.assert_array_equal(again[common], data[common])
+    assert outcomes == {(32, 128), new_shape}
+
+
+class _WritesDuringCopy(dict[str, bytes]):
+    """A mapping where another store (its own thread and event loop, the old metadata)
+    copies chunk (0, 0) over chunk ``chunk`` while the first new shard of a
+    renumbering copy is written: the copy must notice and start again."""
+
+    def __init__(self, chunk: str) -> None:
+        super().__init__()
+        self.chunk = chunk
+        self.fired = False
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        super().__setitem__(key, value)
+        if "/ids-" in key and not self.fired:
+            self.fired = True
+            worker = threading.Thread(target=asyncio.run, args=(self._write(),))
+            worker.start()
+            worker.join()
+
+    async def _write(self) -> None:
+        other = ShardingStore(self)
+        prototype = default_buffer_prototype()
+        value = await other.get("a/c/0/0", prototype)
+        assert value is not None
+        await other.set(self.chunk, value)
+
+
+def test_a_chunk_written_by_another_store_during_the_copy_is_kept() -> None:
+    inner = _WritesDuringCopy("a/c/1/6")
+    arr = zarr.create_array(
+        ShardingStore(inner, chunks_per_shard=SHARDING),
+        name="a",
+        shape=(32, 128),
+        chunks=(16, 16),
+        dtype="i4",
+    )
+    data = sample((32, 128), "i4")
+    arr[:] = data
+    arr.resize((200, 128))
+    assert inner.fired
+    expected = np.zeros((200, 128), dtype="i4")
+    expected[:32] = data
+    expected[16:32, 96:112] = data[:16, :16]
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(dict(inner)), path="a")[:], expected)
+    config = json.loads(inner["a/zarr.json"])["storage_transformers"][0]["configuration"]
+    assert all(k.startswith(f"a/c/{config['directory']}/") for k in inner if k.endswith(".shard"))
+
+
+class _NeverQuiet(dict[str, bytes]):
+    """A mapping where an old shard changes again whenever a renumbering copy writes."""
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        super().__setitem__(key, value)
+        if "/ids-" in key:
+            old = next(k for k in sorted(self) if k.startswith("a/c/") and k.endswith(".shard"))
+            chunks = SHARDING.split(self[old], old)
+            ids = sorted(chunks)  # every chunk takes the next one's bytes
+            rotated = dict(zip(ids, [chunks[i] for i in ids[1:] + ids[:1]], strict=True))
+            super().__setitem__(old, SHARDING.build(rotated))
+
+
+def test_other_writers_that_never_stop_end_in_a_conflict_and_no_change() -> None:
+    inner = _NeverQuiet()
+    arr = zarr.create_array(
+        ShardingStore(inner, chunks_per_shard=SHARDING, write_attempts=3),
+        name="a",
+        shape=(32, 128),
+        chunks=(16, 16),
+        dtype="i4",
+    )
+    arr[:] = sample((32, 128), "i4")
+    before = inner["a/zarr.json"]
+    with pytest.raises(ShardConflictError, match=r"'a'.*3 attempts"):
+        arr.resize((200, 128))
+    assert inner["a/zarr.json"] == before
+    assert not [k for k in inner if "/ids-" in k]  # each abandoned copy removed
+
+
+def _grow_and_check(store: ShardingStore, reopen: Callable[[], ShardingStore]) -> None:
+    arr = zarr.create_array(store, name="a", shape=(32, 128), chunks=(16, 16), dtype="i4")
+    data = sample((32, 128), "i4")
+    arr[:] = data
+    arr.resize((200, 64))
+    arr[100:, :] = 9
+    got = zarr.open_array(reopen(), path="a")
+    np.testing.assert_array_equal(got[:32], data[:, :64])
+    np.testing.assert_array_equal(got[100:], 9)
+    assert not got[32:100].any()
+    assert verify(reopen()) == {} and leftovers(reopen()) == {}
+
+
+def test_renumbering_works_on_every_kind_of_inner_store(make_store: Callable[..., ShardingStore]) -> None:
+    _grow_and_check(make_store(SHARDING), make_store)
+
+
+def test_renumbering_on_s3_checks_each_old_shard_by_its_etag(s3: Any) -> None:
+    def store() -> ShardingStore:
+        return ShardingStore(s3.url("ids.zarr"), SHARDING, storage_options=s3.storage_options)
+
+    _grow_and_check(store(), store)
+
+
+def _resize_forever(url: str, started: Any) -> None:
+    arr = zarr.open_array(ShardingStore(url), path="a")
+    while True:
+        for shape in ((200, 128), (32, 128), (32, 1000), (5000, 128)):
+            arr.resize(shape)
+            started.set()
+
+
+def test_a_process_killed_while_renumbering_leaves_a_whole_array(tmp_path: Path) -> None:
+    url = str(tmp_path / "s")
+    _, data = _array(tmp_path)
+    ctx = mp.get_context("spawn")
+    for trial in range(5):
+        started = ctx.Event()
+        writer = ctx.Process(target=_resize_forever, args=(url, started))
+        writer.start()
+        assert started.wait(60)
+        time.sleep(random.Random(trial).uniform(0, 0.3))
+        os.kill(writer.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        writer.join()
+        store = ShardingStore(url)
+        got = zarr.open_array(store, path="a")
+        assert got.shape in ((200, 128), (32, 128), (32, 1000), (5000, 128))
+        np.testing.assert_array_equal(got[:32, :128], data)
+        assert verify(store) == {}
+        found = leftovers(store)
+        assert all(k.endswith((".shard", ".partial", ".lock")) for k in found), found

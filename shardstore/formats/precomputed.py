@@ -24,7 +24,7 @@ import operator
 import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Final, Literal, cast
 
 import numpy as np
@@ -51,6 +51,7 @@ __all__ = [
     "morton_positions",
     "murmurhash3_x86_128_64",
     "parse_shard",
+    "renumber",
     "renumbered",
     "shard_file_name",
     "shard_number_of_name",
@@ -74,6 +75,7 @@ real one, and it keeps a damaged (or hostile) stream from exhausting memory."""
 _GZIP_LEVEL: Final = 9
 _GZIP_WBITS: Final = 31  # 16 + 15: gzip header and trailer, as tensorstore's zlib uses
 _U64: Final = np.dtype("<u8")
+_DIRECTORY: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 # -- configuration -----------------------------------------------------------------
@@ -135,9 +137,18 @@ class PrecomputedSharding(ShardFormat):
     shard_bits: int
     minishard_index_encoding: Encoding = "raw"
     data_encoding: Encoding = "raw"
+    directory: str = ""
+    """Where a zarr array's shard files are, below its chunk prefix ("": there
+    itself). A resize that renumbers the chunks writes them to a new directory, and
+    the metadata naming it is the commit: not part of the neuroglancer format."""
 
     def __post_init__(self) -> None:
         _check_fields(self.to_json(), type(self).__name__)
+        if self.directory and _DIRECTORY.fullmatch(self.directory) is None:
+            raise ShardingConfigError(
+                f"{type(self).__name__}: directory {self.directory!r} is not a plain name "
+                "(letters, digits, '.', '_' and '-', not starting with '.')"
+            )
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], where: str = "sharding") -> PrecomputedSharding:
@@ -170,15 +181,24 @@ class PrecomputedSharding(ShardFormat):
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> PrecomputedSharding:
         """The sharding object, its ``@type`` spelled ``type`` as in a ZEP 2 storage
-        transformer configuration (``@type`` is accepted too)."""
+        transformer configuration (``@type`` is accepted too), and the ``directory``
+        of the shard files if they are not in the chunk prefix itself."""
         obj = dict(config)
         if "type" in obj:
             obj.setdefault("@type", obj.pop("type"))
-        return cls.from_json(obj, where)
+        directory = obj.pop("directory", "")
+        if not isinstance(directory, str):
+            raise ShardingConfigError(f"{where}: field 'directory' is {directory!r}, not a string")
+        sharding = cls.from_json(obj, where)
+        try:
+            return replace(sharding, directory=directory)
+        except ShardingConfigError as exc:
+            raise ShardingConfigError(f"{where}: {exc}") from None
 
     def to_config(self) -> dict[str, Any]:
         obj = self.to_json()
-        return {"type": obj.pop("@type"), **obj}
+        directory = {"directory": self.directory} if self.directory else {}
+        return {"type": obj.pop("@type"), **obj, **directory}
 
     def parse(self, blob: bytes, key: str) -> dict[int, tuple[int, int]]:
         """Where each chunk's stored bytes lie in a whole shard file, checked."""
@@ -366,6 +386,20 @@ def renumbered(old_grid: Sequence[int], new_grid: Sequence[int]) -> bool:
     old, new = _bit_places(old_grid), _bit_places(new_grid)
     live = [(i, d) for (i, d) in old if (1 << i) < common[d]]  # bits a common position can set
     return any(old[bit] != new.get(bit) for bit in live)
+
+
+def renumber(
+    ids: npt.NDArray[np.uint64], old_grid: Sequence[int], new_grid: Sequence[int]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint64]]:
+    """Chunk ids numbered in ``old_grid`` as ``new_grid`` numbers the same positions:
+    ``(kept, new_ids)``, where ``kept`` marks the ids whose position lies in both
+    grids and ``new_ids`` holds the kept ones' new ids."""
+    positions = morton_positions(np.asarray(ids, dtype=np.uint64), old_grid)
+    common = np.minimum(np.asarray(old_grid, dtype=np.int64), np.asarray(new_grid, dtype=np.int64))
+    kept = np.all(positions < common, axis=1)
+    if not kept.any():
+        return kept, np.zeros(0, dtype=np.uint64)
+    return kept, compressed_morton_code(positions[kept], new_grid)
 
 
 def morton_positions(codes: npt.NDArray[np.uint64], grid_shape: Sequence[int]) -> npt.NDArray[np.int64]:

@@ -166,7 +166,7 @@ class ShardReader:
         ranges, every shard of an array in the same rounds."""
         arrays: dict[str, list[int]] = {}
         for i in todo:
-            arrays.setdefault(chunks[i][0].shard.info.chunk_prefix, []).append(i)
+            arrays.setdefault(chunks[i][0].shard.info.shard_prefix, []).append(i)
 
         async def read(members: list[int]) -> None:
             values = await self._id_store(chunks[members[0]][0].shard).get_many(
@@ -179,7 +179,7 @@ class ShardReader:
 
     def _id_store(self, shard: ShardAddress) -> PrecomputedShardedStore:
         """The key-value store over the directory of an array's chunk-id shards."""
-        prefix, fmt = shard.info.chunk_prefix, shard.shard_format
+        prefix, fmt = shard.info.shard_prefix, shard.shard_format
         with self._lock:
             store = self._id_stores.get(prefix)
             if store is None or store.sharding != fmt:

@@ -1,0 +1,254 @@
+"""Moving an array's chunks to the ids of a new grid (the neuroglancer format).
+
+There a chunk's id is the compressed Morton code of its grid position, and the
+code depends on the grid's shape: a resize can give chunks already stored other
+ids. :func:`migrate` copies every stored chunk to its new id, into shard files
+in a directory of their own below the array's chunk prefix, and the metadata
+document naming that directory (written by the caller) is the commit. A process
+killed before it leaves the old array whole (plus unread files in the new
+directory); one killed after, the new array (plus the old, unread files).
+Both kinds are *stale* shard files: never listed or read, deleted with the
+array, reported by ``leftovers``.
+
+The copy is checked against other writers: every old shard is read with its
+version, and just before the commit it must still be at that version (and no
+shard added or removed), or the migration is made again from scratch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from zarr.abc.store import RangeByteRequest
+
+from shardstore.addressing import shard_at
+from shardstore.errors import ShardConflictError
+from shardstore.formats.precomputed import PrecomputedSharding, locate_ids, renumber, shard_file_name
+from shardstore.inner import InnerStore
+from shardstore.inner.base import STALE
+from shardstore.metadata import ArrayInfo
+
+__all__ = ["Migration", "delete_old", "migrate", "shard_keys"]
+
+log = logging.getLogger(__name__)
+
+_SHARDS_AT_ONCE = 16
+"""Old shards read (whole) at once while their chunks are located."""
+_COPY_BYTES = 64 * 2**20
+"""Chunk bytes one round of the copy holds: new shards are built a group at a time."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A finished copy, waiting for its commit: the array's sharding naming the new
+    directory, and the old shard files to delete once the metadata names it."""
+
+    shard_format: PrecomputedSharding
+    old_keys: list[str]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """An old shard as the copy read it: the version to check, or a digest of its
+    bytes where the inner store tells no version."""
+
+    version: Hashable | None
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One chunk to copy: where its bytes are now, and its new id."""
+
+    old_key: str
+    start: int
+    stop: int
+    new_id: int
+
+
+class _Changed(Exception):
+    """Another writer changed an old shard while it was being copied."""
+
+
+async def migrate(
+    inner: InnerStore, old: ArrayInfo, new_grid: Sequence[int], *, attempts: int
+) -> Migration | None:
+    """Copy the chunks of ``old`` (sharded by chunk ids) that lie inside ``new_grid``
+    to the ids that grid gives them, in a new directory (None: no shard stored,
+    nothing to copy). Raises ShardConflictError if other writers changed the old
+    shards during each of ``attempts`` copies."""
+    fmt = old.shard_format
+    assert isinstance(fmt, PrecomputedSharding)
+    for attempt in range(attempts):
+        old_keys = await shard_keys(inner, old)
+        if not old_keys:
+            return None
+        directory = f"ids-{'x'.join(map(str, new_grid))}-{secrets.token_hex(4)}"
+        target = replace(fmt, directory=directory)
+        prefix = f"{old.chunk_prefix}{directory}/"
+        try:
+            seen, pieces, blobs = await _locate(inner, old, old_keys, new_grid)
+            written = await _copy(inner, target, prefix, pieces, seen, blobs)
+            if await shard_keys(inner, old) != old_keys or not await _unchanged(inner, seen):
+                raise _Changed
+        except _Changed:
+            log.debug(
+                "array %r: another writer changed its shards during renumbering (attempt %d/%d)",
+                old.path,
+                attempt + 1,
+                attempts,
+            )
+            await _discard(inner, prefix)
+            continue
+        except Exception:
+            with contextlib.suppress(Exception):  # else left as stale files, which leftovers lists
+                await _discard(inner, prefix)
+            raise
+        log.debug(
+            "array %r: %d chunk(s) of %d shard(s) renumbered for a grid of %s into %d shard(s) in %r",
+            old.path,
+            len(pieces),
+            len(old_keys),
+            list(new_grid),
+            len(written),
+            directory,
+        )
+        return Migration(target, old_keys)
+    raise ShardConflictError(
+        f"array {old.path or '/'!r}: other writers changed its shards during each of {attempts} attempts "
+        "to renumber its chunks for the new shape; the resize was not applied"
+    )
+
+
+async def delete_old(inner: InnerStore, migration: Migration, path: str) -> None:
+    """Remove the old shard files once the metadata names the new directory; one that
+    cannot be removed stays as a stale file (unread, reported by ``leftovers``)."""
+    results = await asyncio.gather(*(inner.delete(k) for k in migration.old_keys), return_exceptions=True)
+    failed = [k for k, r in zip(migration.old_keys, results, strict=True) if isinstance(r, BaseException)]
+    if failed:
+        log.warning(
+            "array %r: renumbered, but %d old shard file(s) could not be deleted (%r ...): they are "
+            "never read; `shardstore verify` lists them",
+            path,
+            len(failed),
+            failed[0],
+        )
+
+
+async def _discard(inner: InnerStore, prefix: str) -> None:
+    """Remove what an abandoned copy wrote."""
+    await asyncio.gather(*[inner.delete(k) async for k in inner.list_prefix(prefix)])
+
+
+async def shard_keys(inner: InnerStore, info: ArrayInfo) -> list[str]:
+    """The array's shard files (sorted)."""
+    return sorted([k async for k in inner.list_prefix(info.shard_prefix) if shard_at(info, k) is not None])
+
+
+async def _locate(
+    inner: InnerStore, old: ArrayInfo, keys: list[str], new_grid: Sequence[int]
+) -> tuple[dict[str, _Seen], list[_Piece], dict[str, bytes]]:
+    """Read each old shard (a few at a time) and say where each of its chunks goes;
+    the shards read are kept while they fit in one round of the copy."""
+    fmt = old.shard_format
+    assert isinstance(fmt, PrecomputedSharding)
+    seen: dict[str, _Seen] = {}
+    pieces: list[_Piece] = []
+    kept_blobs: dict[str, bytes] = {}
+    held = 0
+    for start in range(0, len(keys), _SHARDS_AT_ONCE):
+        batch = keys[start : start + _SHARDS_AT_ONCE]
+        read = await inner.get_many_versioned([(k, None) for k in batch], [None] * len(batch))
+        for key, (blob, version) in zip(batch, read, strict=True):
+            if blob is None or blob is STALE:
+                raise _Changed  # deleted since it was listed
+            seen[key] = _Seen(version, hashlib.blake2b(blob, digest_size=16).digest())
+            if held + len(blob) <= _COPY_BYTES:
+                kept_blobs[key] = blob
+                held += len(blob)
+            where = fmt.parse(blob, key)
+            ids = np.fromiter(where, dtype=np.uint64, count=len(where))
+            kept, new_ids = renumber(ids, old.grid_shape, new_grid)
+            for chunk_id, new_id in zip(ids[kept].tolist(), new_ids.tolist(), strict=True):
+                offset, nbytes = where[chunk_id]
+                pieces.append(_Piece(key, offset, offset + nbytes, new_id))
+    return seen, pieces, kept_blobs
+
+
+async def _copy(
+    inner: InnerStore,
+    target: PrecomputedSharding,
+    prefix: str,
+    pieces: list[_Piece],
+    seen: dict[str, _Seen],
+    blobs: dict[str, bytes],
+) -> list[str]:
+    """Build and write the new shards, a group of them at a time; their keys."""
+    numbers, _ = locate_ids(target, np.array([p.new_id for p in pieces], dtype=np.uint64))
+    by_shard: dict[int, list[_Piece]] = {}
+    for number, piece in zip(numbers.tolist(), pieces, strict=True):
+        by_shard.setdefault(number, []).append(piece)
+    written: list[str] = []
+    group: dict[int, list[_Piece]] = {}
+    size = 0
+    for number, members in sorted(by_shard.items()):
+        group[number] = members
+        size += sum(p.stop - p.start for p in members)
+        if size >= _COPY_BYTES:
+            written += await _write_group(inner, target, prefix, group, seen, blobs)
+            group, size = {}, 0
+    if group:
+        written += await _write_group(inner, target, prefix, group, seen, blobs)
+    return written
+
+
+async def _write_group(
+    inner: InnerStore,
+    target: PrecomputedSharding,
+    prefix: str,
+    group: dict[int, list[_Piece]],
+    seen: dict[str, _Seen],
+    blobs: dict[str, bytes],
+) -> list[str]:
+    """Write one group of new shards, their chunks taken from the old shards kept in
+    memory or read by range at the version the copy saw."""
+    pieces = [p for members in group.values() for p in members]
+    far = [p for p in pieces if p.old_key not in blobs]
+    read = await inner.get_many_versioned(
+        [(p.old_key, RangeByteRequest(p.start, p.stop)) for p in far],
+        [seen[p.old_key].version for p in far],
+    )
+    data = {p.new_id: blobs[p.old_key][p.start : p.stop] for p in pieces if p.old_key in blobs}
+    for piece, (value, _) in zip(far, read, strict=True):
+        if value is None or value is STALE or len(value) != piece.stop - piece.start:
+            raise _Changed
+        data[piece.new_id] = value
+    keys = [prefix + shard_file_name(target, n) for n in group]
+    shards = [target.build({p.new_id: data[p.new_id] for p in members}) for members in group.values()]
+    await asyncio.gather(*(inner.set(k, blob) for k, blob in zip(keys, shards, strict=True)))
+    return keys
+
+
+async def _unchanged(inner: InnerStore, seen: dict[str, _Seen]) -> bool:
+    """Whether every old shard is still as the copy read it: by version where the
+    store tells one (one tiny checked read each), else by its bytes."""
+    keys = list(seen)
+    checks = await inner.get_many_versioned(
+        [(k, None if seen[k].version is None else RangeByteRequest(0, 1)) for k in keys],
+        [seen[k].version for k in keys],
+    )
+    for key, (value, version) in zip(keys, checks, strict=True):
+        if value is None or value is STALE:
+            return False
+        if seen[key].version is None and hashlib.blake2b(value, digest_size=16).digest() != seen[key].digest:
+            return False
+        if seen[key].version is not None and version is not None and version != seen[key].version:
+            return False
+    return True
