@@ -452,7 +452,8 @@ class ShardingPolicy:
         if isinstance(cps, Sequence) and not isinstance(cps, str | bytes):
             object.__setattr__(self, "chunks_per_shard", tuple(cps))  # (4, 4) == [4, 4]
         if isinstance(cps, Mapping) and "@type" in cps:  # a neuroglancer "sharding" object, not paths
-            object.__setattr__(self, "chunks_per_shard", PrecomputedSharding.from_json(cps, "chunks_per_shard"))
+            fmt = PrecomputedSharding.from_json(cps, "chunks_per_shard")
+            object.__setattr__(self, "chunks_per_shard", fmt)
 
     def names(self, path: str) -> bool:
         """Whether the user asked for this array by path (a mapping entry)."""
