@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from shardstore.formats.precomputed import PrecomputedSharding
+from shardstore.errors import StaleArrayError
+from shardstore.formats.precomputed import PrecomputedSharding, renumbered
 from shardstore.inner import InnerStore
 from shardstore.keys import candidate_array_paths, join_path
 from shardstore.metadata import (
@@ -25,6 +27,9 @@ from shardstore.metadata import (
     draft_document_key,
     load_document,
 )
+
+if TYPE_CHECKING:
+    from shardstore.addressing import ShardAddress
 
 __all__ = ["ArrayCatalog"]
 
@@ -134,6 +139,21 @@ class ArrayCatalog:
             ):
                 return info
         return None
+
+    async def confirm_place(self, shard: ShardAddress) -> None:
+        """Raise StaleArrayError if the array's stored metadata, read afresh, numbers or
+        places its chunk ids otherwise than ``shard`` was located by: another process
+        resized it since this store read it (the catalog now knows the new metadata)."""
+        was = shard.info
+        now = await self.lookup(was.path, refresh=True)
+        if now is None or now.shard_format is None:
+            return
+        if now.shard_prefix != was.shard_prefix or renumbered(was.grid_shape, now.grid_shape):
+            raise StaleArrayError(
+                f"array {was.path or '/'!r} was resized elsewhere (shape {list(was.shape)} -> "
+                f"{list(now.shape)}) since this store read its metadata, which moved its chunks to "
+                f"new ids; shard {shard.key!r} was not written. Re-open the array"
+            )
 
     async def sharded_array_around(self, prefix: str) -> ArrayInfo | None:
         """The sharded array whose directory holds or is ``prefix``, if any."""

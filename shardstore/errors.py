@@ -19,6 +19,7 @@ __all__ = [
     "ShardStoreError",
     "ShardingConfigError",
     "ShardingPassthroughWarning",
+    "StaleArrayError",
     "StrategyFallbackWarning",
     "SyncCallError",
     "UnshardedArrayWarning",
@@ -60,6 +61,12 @@ class ShardConflictError(ShardStoreError):
     """Other writers changed a shard during every attempt to commit an update to it
     (``write_attempts`` conditional writes failed; the update was not applied), or
     to read chunks of it by ranges located through its index."""
+
+
+class StaleArrayError(ShardStoreError):
+    """A write through array metadata that another process has replaced since this
+    store read it, in a way that moves the array's chunks (a resize that renumbered
+    a neuroglancer-format array): the write was not made. Re-open the array."""
 
 
 class SyncCallError(ShardStoreError, RuntimeError):

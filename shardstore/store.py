@@ -20,7 +20,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from shardstore import sync_bridge
 from shardstore.addressing import ChunkAddress
 from shardstore.catalog import ArrayCatalog
-from shardstore.errors import ReadOnlyError, StrategyFallbackWarning
+from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
 from shardstore.inner import adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.internals import StoreInternals
@@ -116,7 +116,11 @@ class ShardingStore(Store):
             self._inner, IndexCache(reads.index_cache_bytes), ShardCache(reads.shard_cache_bytes), reads
         )
         self._writer = ShardWriter(
-            self._inner, write_strategy, on_commit=self._reader.forget, attempts=write_attempts
+            self._inner,
+            write_strategy,
+            on_commit=self._reader.forget,
+            attempts=write_attempts,
+            confirm_place=self._catalog.confirm_place,
         )
         if write_strategy == "append" and not self._inner.capabilities.append:
             warnings.warn(
@@ -327,7 +331,15 @@ class ShardingStore(Store):
         data = value.to_bytes()
         where = await self._router.route(key, writing=True)
         if isinstance(where, ChunkAddress):
-            await self._writer.write(where.shard, {where.position: [data]})
+            try:
+                await self._writer.write(where.shard, {where.position: [data]})
+            except StaleArrayError:
+                # Another process renumbered the array since we read its metadata; the
+                # catalog has read it afresh, so the key now routes to the chunk's new id.
+                where = await self._router.route(key, writing=True)
+                if not isinstance(where, ChunkAddress):
+                    raise
+                await self._writer.write(where.shard, {where.position: [data]})
         elif where == "metadata":
             await self._metadata.set(key, data)
         else:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from zarr.core.buffer import default_buffer_prototype
 
 from shardstore import ShardingConfigError, ShardingStore
-from shardstore.errors import ShardConflictError, ShardStoreError
+from shardstore.errors import ShardConflictError, ShardStoreError, StaleArrayError
 from shardstore.formats.precomputed import (
     PrecomputedSharding,
     compressed_morton_code,
@@ -377,3 +377,43 @@ def test_a_process_killed_while_renumbering_leaves_a_whole_array(tmp_path: Path)
         assert verify(store) == {}
         found = leftovers(store)
         assert all(k.endswith((".shard", ".partial", ".lock")) for k in found), found
+
+
+def _write_after_a_resize_elsewhere(url: str, opened: Any, resized: Any) -> None:
+    arr = zarr.open_array(ShardingStore(url), path="a")  # the metadata as it was
+    opened.set()
+    assert resized.wait(60)
+    arr[16:32, 0:16] = -7  # its shard, numbered for the old grid, was moved away
+
+
+def test_a_process_that_opened_the_array_before_a_renumbering_resize_writes_to_the_new_ids(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "s")
+    _, data = _array(tmp_path)
+    ctx = mp.get_context("spawn")
+    opened, resized = ctx.Event(), ctx.Event()
+    writer = ctx.Process(target=_write_after_a_resize_elsewhere, args=(url, opened, resized))
+    writer.start()
+    assert opened.wait(60)
+    zarr.open_array(ShardingStore(url), path="a").resize((200, 128))
+    resized.set()
+    writer.join(60)
+    assert writer.exitcode == 0
+    expected = np.zeros((200, 128), dtype="i4")
+    expected[:32] = data
+    expected[16:32, 0:16] = -7
+    store = ShardingStore(url)
+    np.testing.assert_array_equal(zarr.open_array(store, path="a")[:], expected)
+    assert leftovers(store) == {}
+
+
+def test_a_stale_write_through_set_many_is_refused_not_lost(tmp_path: Path) -> None:
+    _array(tmp_path)
+    stale = ShardingStore(str(tmp_path / "s"))
+    zarr.open_array(stale, path="a")  # reads the metadata
+    zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a").resize((200, 128))
+    value = default_buffer_prototype().buffer.from_bytes(bytes(1024))
+    with pytest.raises(StaleArrayError, match=r"'a' was resized elsewhere.*\[32, 128\] -> \[200, 128\]"):
+        asyncio.run(stale.set_many([("a/c/1/0", value)]))
+    assert leftovers(ShardingStore(str(tmp_path / "s"))) == {}
