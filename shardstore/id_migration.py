@@ -22,7 +22,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,10 +127,17 @@ async def migrate(
     )
 
 
-async def delete_old(inner: InnerStore, migration: Migration, path: str) -> None:
-    """Remove the old shard files once the metadata names the new directory; one that
-    cannot be removed stays as a stale file (unread, reported by ``leftovers``)."""
+async def delete_old(
+    inner: InnerStore, migration: Migration, path: str, forget: Callable[[str], None] | None = None
+) -> None:
+    """Remove the old shard files once the metadata names the new directory, each
+    also ``forget``-ed (what readers cached of it: a new array at the same path may
+    name it again); one that cannot be removed stays as a stale file (unread,
+    reported by ``leftovers``)."""
     results = await asyncio.gather(*(inner.delete(k) for k in migration.old_keys), return_exceptions=True)
+    if forget is not None:
+        for key in migration.old_keys:
+            forget(key)
     failed = [k for k, r in zip(migration.old_keys, results, strict=True) if isinstance(r, BaseException)]
     if failed:
         log.warning(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import zarr
@@ -63,6 +64,8 @@ class MetadataGateway:
         *,
         renumbering: Renumbering = "migrate",
         attempts: int = DEFAULT_ATTEMPTS,
+        settle: Callable[[], Awaitable[None]] | None = None,
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self._inner = inner
         self._catalog = catalog
@@ -70,6 +73,8 @@ class MetadataGateway:
         self._form = form
         self._renumbering = renumbering
         self._attempts = attempts
+        self._settle = settle  # commits what a batch() holds: a migration copies what is stored
+        self._forget = forget  # drops what readers cached of a shard the migration deletes
         self._unsharded_ranks: set[int] = set()
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
@@ -125,7 +130,7 @@ class MetadataGateway:
                 raw = dump_document(doc)
         await self.write_as_is(key, raw)  # the commit of a migration, if there is one
         if migration is not None:
-            await delete_old(self._inner, migration, path)
+            await delete_old(self._inner, migration, path, self._forget)
 
     async def write_as_is(self, key: str, raw: bytes) -> None:
         """Write a document exactly as given, and note it in the catalog."""
@@ -160,6 +165,8 @@ class MetadataGateway:
         if not renumbered(existing.grid_shape, written.grid_shape):
             return None
         if self._renumbering == "migrate":
+            if self._settle is not None:  # chunks buffered for their old ids are stored first
+                await self._settle()
             return await migrate(self._inner, existing, written.grid_shape, attempts=self._attempts)
         if await shard_keys(self._inner, existing):
             raise ShardingConfigError(

@@ -103,14 +103,6 @@ class ShardingStore(Store):
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)
-        self._metadata = MetadataGateway(
-            self._inner,
-            self._catalog,
-            self._policy,
-            self._options.layout,
-            renumbering=renumbering,
-            attempts=write_attempts,
-        )
         reads = ReadPolicy.resolve(self._options, self._inner)
         self._reader = ShardReader(
             self._inner, IndexCache(reads.index_cache_bytes), ShardCache(reads.shard_cache_bytes), reads
@@ -121,6 +113,16 @@ class ShardingStore(Store):
             on_commit=self._reader.forget,
             attempts=write_attempts,
             confirm_place=self._catalog.confirm_place,
+        )
+        self._metadata = MetadataGateway(
+            self._inner,
+            self._catalog,
+            self._policy,
+            self._options.layout,
+            renumbering=renumbering,
+            attempts=write_attempts,
+            settle=self._writer.drain,
+            forget=self._reader.forget,
         )
         if write_strategy == "append" and not self._inner.capabilities.append:
             warnings.warn(
