@@ -108,10 +108,11 @@ class ArrayCatalog:
             self.remember(path, name, raw)
         return self._known(path)[1]
 
-    async def document(self, path: str, name: str) -> ArrayInfo | None:
-        """The array one metadata document at ``path`` describes (fetched if unknown)."""
+    async def document(self, path: str, name: str, *, refresh: bool = False) -> ArrayInfo | None:
+        """The array one metadata document at ``path`` describes (fetched if unknown, or
+        with ``refresh``)."""
         docs = self._docs.get(path, {})
-        if name not in docs:
+        if refresh or name not in docs:
             self.remember(path, name, await self._inner.get(join_path(path, name)))
         return self._docs[path][name][1]
 
@@ -143,16 +144,20 @@ class ArrayCatalog:
     async def confirm_place(self, shard: ShardAddress) -> None:
         """Raise StaleArrayError if the array's stored metadata, read afresh, numbers or
         places its chunk ids otherwise than ``shard`` was located by: another process
-        resized it since this store read it (the catalog now knows the new metadata)."""
+        resized it since this store read it (the catalog then knows the new metadata)."""
         was = shard.info
-        now = await self.lookup(was.path, refresh=True)
-        if now is None or now.shard_format is None:
-            return
+        name = next((n for n, (_, info) in self._docs.get(was.path, {}).items() if info == was), V3_NAME)
+        raw = await self._inner.get(join_path(was.path, name))
+        doc = None if raw is None else load_document(raw)
+        now = None if doc is None else array_info(was.path, name, doc)
+        if now is None or now.shard_format is None or now == was:
+            return  # unchanged, or deleted (a write then makes an orphan, as in zarr)
+        self.remember(was.path, name, raw)
         if now.shard_prefix != was.shard_prefix or renumbered(was.grid_shape, now.grid_shape):
             raise StaleArrayError(
                 f"array {was.path or '/'!r} was resized elsewhere (shape {list(was.shape)} -> "
                 f"{list(now.shape)}) since this store read its metadata, which moved its chunks to "
-                f"new ids; shard {shard.key!r} was not written. Re-open the array"
+                f"new ids; shard {shard.key!r} was not used. Re-open the array"
             )
 
     async def sharded_array_around(self, prefix: str) -> ArrayInfo | None:

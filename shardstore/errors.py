@@ -66,7 +66,8 @@ class ShardConflictError(ShardStoreError):
 class StaleArrayError(ShardStoreError):
     """A write through array metadata that another process has replaced since this
     store read it, in a way that moves the array's chunks (a resize that renumbered
-    a neuroglancer-format array): the write was not made. Re-open the array."""
+    a neuroglancer-format array): the write was not made. Whole-chunk writes and
+    deletes re-route themselves; a byte-range write says this. Re-open the array."""
 
 
 class SyncCallError(ShardStoreError, RuntimeError):

@@ -22,7 +22,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +30,13 @@ from zarr.abc.store import RangeByteRequest
 
 from shardstore.addressing import shard_at
 from shardstore.errors import ShardConflictError
-from shardstore.formats.precomputed import PrecomputedSharding, locate_ids, renumber, shard_file_name
+from shardstore.formats.precomputed import (
+    PrecomputedSharding,
+    locate_ids,
+    renumber,
+    renumbered,
+    shard_file_name,
+)
 from shardstore.inner import InnerStore
 from shardstore.inner.base import STALE
 from shardstore.metadata import ArrayInfo
@@ -48,7 +54,8 @@ _COPY_BYTES = 64 * 2**20
 @dataclass(frozen=True)
 class Migration:
     """A finished copy, waiting for its commit: the array's sharding naming the new
-    directory, and the old shard files to delete once the metadata names it."""
+    directory, and the old shard files to delete once the metadata names it (none,
+    and the sharding as it is, when there was nothing to move)."""
 
     shard_format: PrecomputedSharding
     old_keys: list[str]
@@ -78,18 +85,26 @@ class _Changed(Exception):
 
 
 async def migrate(
-    inner: InnerStore, old: ArrayInfo, new_grid: Sequence[int], *, attempts: int
-) -> Migration | None:
+    inner: InnerStore,
+    old: ArrayInfo,
+    current: Callable[[], Awaitable[ArrayInfo | None]],
+    new_grid: Sequence[int],
+    *,
+    attempts: int,
+) -> Migration:
     """Copy the chunks of ``old`` (sharded by chunk ids) that lie inside ``new_grid``
-    to the ids that grid gives them, in a new directory (None: no shard stored,
-    nothing to copy). Raises ShardConflictError if other writers changed the old
-    shards during each of ``attempts`` copies."""
-    fmt = old.shard_format
-    assert isinstance(fmt, PrecomputedSharding)
+    to the ids that grid gives them, in a new directory. ``current()`` reads the array
+    afresh for each further attempt (another process may have resized it meanwhile).
+    Raises ShardConflictError if other writers changed the old shards during each of
+    ``attempts`` copies."""
     for attempt in range(attempts):
+        if attempt:
+            old = await current() or old
+        fmt = old.shard_format
+        assert isinstance(fmt, PrecomputedSharding)
         old_keys = await shard_keys(inner, old)
-        if not old_keys:
-            return None
+        if not old_keys or not renumbered(old.grid_shape, new_grid):
+            return Migration(fmt, [])  # nothing stored, or nothing to move: the ids stay
         directory = f"ids-{'x'.join(map(str, new_grid))}-{secrets.token_hex(4)}"
         target = replace(fmt, directory=directory)
         prefix = f"{old.chunk_prefix}{directory}/"

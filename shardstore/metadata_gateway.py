@@ -145,29 +145,38 @@ class MetadataGateway:
         if written.shard_format is not None:  # the writer recorded a config itself
             return (written.shard_format, "transformer"), None
         existing = await self._catalog.document(path, name)  # the document being replaced
+        if existing is not None and isinstance(existing.shard_format, PrecomputedSharding):
+            # Chunk ids: another process may have moved them since we read it.
+            existing = await self._catalog.document(path, name, refresh=True)
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
             if existing.shard_format is None:
                 return None, None
-            migration = await self._keep_ids(existing, written)
+            if not isinstance(existing.shard_format, PrecomputedSharding):
+                return (existing.shard_format, existing.form), None
+            migration = await self._keep_ids(path, name, existing, written)
             fmt = existing.shard_format if migration is None else migration.shard_format
             return (fmt, existing.form), migration
         return self._new_format(path, name, written, doc), None
 
-    async def _keep_ids(self, existing: ArrayInfo, written: ArrayInfo) -> Migration | None:
+    async def _keep_ids(
+        self, path: str, name: str, existing: ArrayInfo, written: ArrayInfo
+    ) -> Migration | None:
         """Keep every stored chunk readable across a resize: the neuroglancer format's
         chunk ids (compressed Morton codes) depend on the grid shape, so a resize that
         would renumber stored chunks moves them to their new ids (the document written
         next commits it) or, with ``renumbering="refuse"``, is refused before anything
         changes."""
-        if not isinstance(existing.shard_format, PrecomputedSharding):
-            return None
         if not renumbered(existing.grid_shape, written.grid_shape):
             return None
         if self._renumbering == "migrate":
             if self._settle is not None:  # chunks buffered for their old ids are stored first
                 await self._settle()
-            return await migrate(self._inner, existing, written.grid_shape, attempts=self._attempts)
+
+            async def current() -> ArrayInfo | None:  # as another resize may have left it
+                return await self._catalog.document(path, name, refresh=True)
+
+            return await migrate(self._inner, existing, current, written.grid_shape, attempts=self._attempts)
         if await shard_keys(self._inner, existing):
             raise ShardingConfigError(
                 f"array {existing.path or '/'!r}: resizing it from shape {list(existing.shape)} to "

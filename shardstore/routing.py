@@ -13,6 +13,7 @@ from typing import Literal, TypeAlias
 from shardstore.addressing import ChunkAddress, locate
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ChunkKeyError
+from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.keys import INTEGER, split_key
 from shardstore.metadata import METADATA_NAMES, ArrayInfo
 
@@ -92,8 +93,8 @@ class KeyRouter:
                 f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
                 f"(grid shape {list(info.grid_shape)})"
             )
-        if coords is None:
-            return "absent"
+        if coords is None or (not inside and isinstance(info.shard_format, PrecomputedSharding)):
+            return "absent"  # (chunk ids number only the grid's positions)
         address = locate(info, key, coords)
         if inside:  # valid for reads and writes alike until the catalog changes
             if len(self._addresses) > _CACHE_ENTRIES:

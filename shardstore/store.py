@@ -18,7 +18,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from shardstore import sync_bridge
-from shardstore.addressing import ChunkAddress
+from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
 from shardstore.inner import adapt
@@ -279,7 +279,30 @@ class ShardingStore(Store):
         for (slots, _), part_values in zip(parts, values, strict=True):
             for slot, value in zip(slots, part_values, strict=True):
                 results[slot] = value
-        return [None if v is None else prototype.buffer.from_bytes(v) for v in results]
+        buffers = [None if v is None else prototype.buffer.from_bytes(v) for v in results]
+        missing = {
+            slot: where.shard
+            for slot, where, _ in by_route.get("chunk", ())
+            if results[slot] is None and where.shard.indexed is None
+        }
+        if missing and await self._renumbered_elsewhere(list(missing.values())):
+            # a chunk of a renumbered array: read at its new id, as plain zarr would find it
+            again = await self._read_checked(prototype, [requests[slot] for slot in missing])
+            for slot, found in zip(missing, again, strict=True):
+                buffers[slot] = found
+        return buffers
+
+    async def _renumbered_elsewhere(self, shards: list[ShardAddress]) -> bool:
+        """Whether another process renumbered the chunk ids of these shards' arrays since
+        this store read their metadata (asked when chunks of them were not found: the
+        catalog then holds the new metadata)."""
+        moved = False
+        for shard in {s.info.path: s for s in shards}.values():
+            try:
+                await self._catalog.confirm_place(shard)
+            except StaleArrayError:
+                moved = True
+        return moved
 
     def _read_routed(
         self, kind: str, requests: list[tuple[Any, ByteRequest | None]]
@@ -336,12 +359,7 @@ class ShardingStore(Store):
             try:
                 await self._writer.write(where.shard, {where.position: [data]})
             except StaleArrayError:
-                # Another process renumbered the array since we read its metadata; the
-                # catalog has read it afresh, so the key now routes to the chunk's new id.
-                where = await self._router.route(key, writing=True)
-                if not isinstance(where, ChunkAddress):
-                    raise
-                await self._writer.write(where.shard, {where.position: [data]})
+                await self._write_rerouted({key: data})
         elif where == "metadata":
             await self._metadata.set(key, data)
         else:
@@ -357,6 +375,7 @@ class ShardingStore(Store):
         and a shard whose chunks are all given is written without reading it."""
         self._check_writable()
         by_shard: UpdatesByShard = {}
+        chunks: dict[str, bytes | None] = {}
         others: list[tuple[str, Buffer | None]] = []
         for key, value in values:
             check_key(key)
@@ -364,13 +383,17 @@ class ShardingStore(Store):
                 raise TypeError(f"ShardingStore.set_many(): the value of {key!r} must be a Buffer or None")
             where = await self._router.route(key, writing=value is not None)
             if isinstance(where, ChunkAddress):
-                add_update(by_shard, where, None if value is None else value.to_bytes())
+                chunks[key] = None if value is None else value.to_bytes()
+                add_update(by_shard, where, chunks[key])
             elif where != "absent":
                 others.append((key, value))
-        await asyncio.gather(
-            self._writer.write_all(by_shard),
-            *(self.set(k, v) if v is not None else self.delete(k) for k, v in others),
-        )
+        try:
+            await asyncio.gather(
+                self._writer.write_all(by_shard),
+                *(self.set(k, v) if v is not None else self.delete(k) for k, v in others),
+            )
+        except StaleArrayError:
+            await self._write_rerouted(chunks)
 
     async def set_partial_values(
         self, key_start_values: Iterable[tuple[str, int, bytes | bytearray | memoryview]]
@@ -403,15 +426,32 @@ class ShardingStore(Store):
         empty is deleted); other keys are deleted from the inner store."""
         self._check_writable()
         by_shard: UpdatesByShard = {}
+        chunks: list[str] = []
         others: list[str] = []
         for key in keys:
             check_key(key)
             where = await self._router.route(key)
             if isinstance(where, ChunkAddress):
                 add_update(by_shard, where, None)
+                chunks.append(key)
             elif where != "absent":
                 others.append(key)
-        await asyncio.gather(self._writer.write_all(by_shard), *(self._delete_object(k) for k in others))
+        try:
+            await asyncio.gather(self._writer.write_all(by_shard), *(self._delete_object(k) for k in others))
+        except StaleArrayError:
+            await self._write_rerouted(dict.fromkeys(chunks))
+
+    async def _write_rerouted(self, values: dict[str, bytes | None]) -> None:
+        """Write chunks again after StaleArrayError: another process renumbered their
+        array since this store read its metadata, and the catalog has now read it
+        afresh, so each key routes to its chunk's new id (as plain zarr, whose chunk
+        keys never move, would write them)."""
+        by_shard: UpdatesByShard = {}
+        for key, value in values.items():
+            where = await self._router.route(key, writing=value is not None)
+            if isinstance(where, ChunkAddress):
+                add_update(by_shard, where, value)
+        await self._writer.write_all(by_shard)
 
     async def _delete_object(self, key: str) -> None:
         await self._inner.delete(key)

@@ -408,12 +408,88 @@ def test_a_process_that_opened_the_array_before_a_renumbering_resize_writes_to_t
     assert leftovers(store) == {}
 
 
-def test_a_stale_write_through_set_many_is_refused_not_lost(tmp_path: Path) -> None:
-    _array(tmp_path)
-    stale = ShardingStore(str(tmp_path / "s"))
-    zarr.open_array(stale, path="a")  # reads the metadata
-    zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a").resize((200, 128))
-    value = default_buffer_prototype().buffer.from_bytes(bytes(1024))
-    with pytest.raises(StaleArrayError, match=r"'a' was resized elsewhere.*\[32, 128\] -> \[200, 128\]"):
-        asyncio.run(stale.set_many([("a/c/1/0", value)]))
-    assert leftovers(ShardingStore(str(tmp_path / "s"))) == {}
+def test_stale_whole_chunk_writes_re_route_and_byte_range_writes_are_refused(tmp_path: Path) -> None:
+    _, data = _array(tmp_path)
+    url = str(tmp_path / "s")
+    stale = ShardingStore(url)
+    chunk = asyncio.run(stale.get("a/c/0/0", default_buffer_prototype()))  # reads the metadata
+    assert chunk is not None
+    zarr.open_array(ShardingStore(url), path="a").resize((200, 128))
+    asyncio.run(stale.set_many([("a/c/1/7", chunk)]))  # the pipeline's way: one commit per shard
+    got = zarr.open_array(ShardingStore(url), path="a")[:]
+    np.testing.assert_array_equal(got[16:32, 112:128], data[0:16, 0:16])
+    splicer = ShardingStore(url)
+    assert asyncio.run(splicer.get("a/c/0/0", default_buffer_prototype())) is not None
+    zarr.open_array(ShardingStore(url), path="a").resize((32, 128))  # renumbers back
+    with pytest.raises(StaleArrayError, match=r"'a' was resized elsewhere.*\[200, 128\] -> \[32, 128\]"):
+        asyncio.run(splicer.set_partial_values([("a/c/0/0", 0, b"\0")]))
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(url), path="a")[:], got[:32])
+    assert leftovers(ShardingStore(url)) == {}
+
+
+def test_a_store_holding_old_metadata_keeps_the_data_when_it_rewrites_the_metadata(tmp_path: Path) -> None:
+    """Its attribute update or resize is measured against the stored document, not its
+    own copy, which still names the old shard directory."""
+    _, data = _array(tmp_path)
+    url = str(tmp_path / "s")
+    stale = zarr.open_array(ShardingStore(url), path="a")
+    zarr.open_array(ShardingStore(url), path="a").resize((200, 128))  # moves the chunks
+    stale.attrs["k"] = 1  # zarr writes its whole (old-shaped) document
+    got = zarr.open_array(ShardingStore(url), path="a")
+    assert got.shape == (32, 128) and got.attrs["k"] == 1  # plain zarr's outcome
+    np.testing.assert_array_equal(got[:], data)
+    stale.resize((64, 128))
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(url), path="a")[:32], data)
+    assert leftovers(ShardingStore(url)) == {}
+
+
+def test_a_long_lived_reader_and_eraser_follow_a_renumbering_elsewhere(tmp_path: Path) -> None:
+    _, data = _array(tmp_path)
+    url = str(tmp_path / "s")
+    reader = zarr.open_array(ShardingStore(url), path="a")
+    np.testing.assert_array_equal(reader[:], data)  # its shards located (and cached) by the old ids
+    zarr.open_array(ShardingStore(url), path="a").append(np.zeros((168, 128), "i4"))  # (200, 128)
+    np.testing.assert_array_equal(reader[:], data)  # what it knows of, read at the new ids
+    reader[0:16, 0:16] = 0  # the fill value: zarr deletes the chunk
+    got = zarr.open_array(ShardingStore(url), path="a")[:32]
+    expected = data.copy()
+    expected[0:16, 0:16] = 0
+    np.testing.assert_array_equal(got, expected)
+
+
+def _resize_to(url: str, shape: tuple[int, int], go: Any) -> None:
+    arr = zarr.open_array(ShardingStore(url), path="a")
+    go.wait(60)
+    arr.resize(shape)
+
+
+def test_two_processes_renumbering_at_once_keep_the_data(tmp_path: Path) -> None:
+    _, data = _array(tmp_path)
+    url = str(tmp_path / "s")
+    ctx = mp.get_context("spawn")
+    for _ in range(3):
+        go = ctx.Event()
+        resizers = [ctx.Process(target=_resize_to, args=(url, s, go)) for s in ((200, 128), (64, 128))]
+        for p in resizers:
+            p.start()
+        time.sleep(1.0)  # both opened
+        go.set()
+        for p in resizers:
+            p.join(60)
+            assert p.exitcode == 0
+        got = zarr.open_array(ShardingStore(url), path="a")
+        assert got.shape in ((200, 128), (64, 128))
+        np.testing.assert_array_equal(got[:32], data)
+        zarr.open_array(ShardingStore(url), path="a").resize((32, 128))
+
+
+def test_stale_consolidated_metadata_reads_fill_past_the_grid(tmp_path: Path) -> None:
+    _, data = _array(tmp_path)
+    url = str(tmp_path / "s")
+    zarr.consolidate_metadata(ShardingStore(url))
+    zarr.open_array(ShardingStore(url), path="a").resize((16, 128))
+    old = zarr.open_group(ShardingStore(url), mode="r", use_consolidated=True)["a"]
+    assert old.shape == (32, 128)  # what the stale consolidated copy says
+    got = old[:]
+    np.testing.assert_array_equal(got[:16], data[:16])
+    assert not got[16:].any()

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,7 +29,7 @@ from zarr.abc.store import ByteRequest
 from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress
-from shardstore.errors import BatchCommitError, ShardStoreError
+from shardstore.errors import BatchCommitError
 from shardstore.formats.indexed import (
     MISSING,
 )
@@ -58,16 +57,6 @@ DEFAULT_BATCH_BYTES = 512 * 2**20
 def _zarr_slots() -> int:
     """How many chunk writes one zarr operation has in flight at once."""
     return int(zarr.config.get("async.concurrency") or 10)
-
-
-_CONFIRMED_FOR = 1.0
-"""Seconds a confirmed shard directory is trusted before a new shard in it is created
-without asking again: one metadata read, not one per shard, for a whole-array write."""
-
-
-class _Unconfirmed(ShardStoreError):  # passes through the inner store's failure()
-    """A shard of an array numbered by chunk ids would be created before its place was
-    confirmed."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +122,8 @@ class ShardWriter:
         self._inner = inner
         self._confirm_place = confirm_place
         """Raises StaleArrayError if the array's stored metadata no longer keeps its
-        chunk ids where ``shard`` does: asked before a shard of such an array is
-        created (a renumbering resize elsewhere leaves no old shard to find)."""
-        self._confirmed: dict[str, float] = {}  # shard directory -> when it was last confirmed
+        chunk ids where ``shard`` does: asked before each commit to a shard keyed by
+        chunk ids (a renumbering resize elsewhere moves them)."""
         self.strategy: WriteStrategy = strategy if inner.capabilities.append else "rewrite"
         """The strategy in effect: "append" only where the inner store can append."""
         self._attempts = attempts  # conditional writes of one commit before ShardConflictError
@@ -318,14 +306,10 @@ class ShardWriter:
     async def _rewrite(self, shard: ShardAddress, updates: ShardUpdates, *, read_old: bool) -> None:
         """One compact object for the whole shard, from the old one (``read_old``) or, where
         the updates cover the shard, from the updates alone."""
-        place = shard.info.shard_prefix
-        confirmed = shard.indexed is not None or self._confirm_place is None
-        if not confirmed and time.monotonic() - self._confirmed.get(place, -_CONFIRMED_FOR) < _CONFIRMED_FOR:
-            confirmed = True
+        if shard.indexed is None and self._confirm_place is not None:
+            await self._confirm_place(shard)  # chunk ids: the array may have been renumbered elsewhere
 
         def change(blob: bytes | None) -> bytes | None:
-            if blob is None and not confirmed:
-                raise _Unconfirmed
             chunks = {} if blob is None else shard.shard_format.split(blob, shard.key)
             for pos, ups in updates.items():
                 value = apply_updates(chunks.get(pos), ups)
@@ -339,14 +323,7 @@ class ShardWriter:
 
         # Either way the inner store orders this against other writers of the shard
         # (locks, conditional writes).
-        try:
-            await self._inner.update(shard.key, change, read_old=read_old, attempts=self._attempts)
-        except _Unconfirmed:
-            assert self._confirm_place is not None
-            await self._confirm_place(shard)
-            self._confirmed[place] = time.monotonic()
-            confirmed = True
-            await self._inner.update(shard.key, change, read_old=read_old, attempts=self._attempts)
+        await self._inner.update(shard.key, change, read_old=read_old, attempts=self._attempts)
 
     async def _append(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
