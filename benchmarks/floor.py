@@ -29,19 +29,17 @@ Workloads (each through a newly opened store unless said otherwise):
                      whole write)
 
 Variants (rows): "unsharded" zarr; "codec" (zarr's ShardingCodec, `shards=`);
-"tensorstore" (zarr3 driver on the codec copy; its writes go to a zarr3 sharded
-array created by zarr); "shardstore" (ShardingStore, default options); "ss
-revalidate" (index_cache="revalidate", reads only); "ss pipeline" (shardstore
-with zarr's codec pipeline replaced by shardstore.pipeline.ShardAwarePipeline).
-To use that pipeline yourself, set it before opening the array:
-
-    with zarr.config.set({"codec_pipeline.path": "shardstore.pipeline.ShardAwarePipeline"}):
-        arr = zarr.open_array(ShardingStore(...), path="a")
-        arr[...]
+"zarrs" (the codec copy through zarrs-python's Rust pipeline,
+`codec_pipeline.path = "zarrs.ZarrsCodecPipeline"`); "tensorstore" (zarr3
+driver on the codec copy; its writes go to a zarr3 sharded array created by
+zarr); "shardstore" (ShardingStore, default options: shardstore's pipeline,
+which importing shardstore makes zarr's); "ss revalidate"
+(index_cache="revalidate", reads only); "ss zarr pipe" (ShardingStore under
+zarr's own batched pipeline: what `SHARDSTORE_DEFAULT_PIPELINE=0` gives).
 
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
---quick), its ratio to the codec's, requests, MiB read and MiB written per
+--quick), its ratios to the codec's and to zarrs', requests, MiB read and MiB written per
 operation (from the last repeat), and on S3 with latency the time in round
 trips (seconds / latency). Local counts come from
 wrappers: CountingStore around zarr's LocalStore, CountingInner around
@@ -73,7 +71,8 @@ import numpy as np
 import zarr
 from zarr.storage import FsspecStore, LocalStore
 
-from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore import ShardingStore
+from shardstore.default_pipeline import ZARR_DEFAULT_PATH
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner, CountingStore
 from shardstore.testing.s3 import LocalS3, local_s3
@@ -83,6 +82,12 @@ try:
     import tensorstore
 except ImportError:  # a test extra only
     tensorstore = None
+zarrs: Any
+try:
+    import zarrs
+except ImportError:  # a test extra only
+    zarrs = None
+ZARRS_PATH = "zarrs.ZarrsCodecPipeline"
 
 MiB = 2**20
 Counts = tuple[int, int, int]  # requests, bytes read, bytes written
@@ -130,24 +135,26 @@ class Variant:
     layout: str  # the copy it reads and the layout it writes: unsharded, codec, shardstore
     tool: str = "zarr"
     options: dict[str, Any] = field(default_factory=dict)
-    pipeline: bool = False
+    pipeline: str | None = None  # zarr's codec_pipeline.path around it (None: as configured)
     writes: bool = True
 
     def context(self) -> contextlib.AbstractContextManager[Any]:
-        if self.pipeline:
-            return zarr.config.set({"codec_pipeline.path": PIPELINE_PATH})  # type: ignore[no-any-return]
+        if self.pipeline is not None:
+            return zarr.config.set({"codec_pipeline.path": self.pipeline})  # type: ignore[no-any-return]
         return contextlib.nullcontext()
 
 
 def variants() -> list[Variant]:
     out = [Variant("unsharded", "unsharded"), Variant("codec", "codec")]
+    if zarrs is not None:
+        out.append(Variant("zarrs", "codec", tool="zarrs", pipeline=ZARRS_PATH))
     if tensorstore is not None:
         out.append(Variant("tensorstore", "codec", tool="tensorstore"))
     out += [
-        Variant("shardstore", "shardstore"),
+        Variant("shardstore", "shardstore"),  # as users get it: shardstore's pipeline
         Variant("ss revalidate", "shardstore", options={"index_cache": "revalidate"}, writes=False),
+        Variant("ss zarr pipe", "shardstore", pipeline=ZARR_DEFAULT_PATH),  # opted out
     ]
-    out.append(Variant("ss pipeline", "shardstore", pipeline=True))
     return out
 
 
@@ -178,9 +185,13 @@ class LocalBackend:
             )
         return self.counted[path]
 
-    def store(self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any]) -> Any:
-        counted = self._counted(layout, path)
-        return ShardingStore(counted, cps, **options) if layout == "shardstore" else counted
+    def store(
+        self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any], counted: bool = True
+    ) -> Any:
+        if not counted:  # zarrs runs its Rust I/O only on zarr's own LocalStore
+            return LocalStore(os.path.join(self.root, path))
+        inner = self._counted(layout, path)
+        return ShardingStore(inner, cps, **options) if layout == "shardstore" else inner
 
     def kvstore(self, path: str) -> dict[str, Any]:
         return {"driver": "file", "path": os.path.join(self.root, path, "a") + "/"}
@@ -188,6 +199,8 @@ class LocalBackend:
     def meter(self, v: Variant, path: str) -> Callable[[], Counts] | None:
         if v.tool == "tensorstore":
             return _ts_file_counts if hasattr(tensorstore, "experimental_collect_matching_metrics") else None
+        if v.tool == "zarrs":
+            return None
 
         def counts() -> Counts:
             c = self._counted(v.layout, path).counts
@@ -206,7 +219,9 @@ class S3Backend:
         self.s3, self.latency_s = s3, latency_s
         self.title = f"S3 API (moto, +{latency_s * 1000:g} ms/request)"
 
-    def store(self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any]) -> Any:
+    def store(
+        self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any], counted: bool = True
+    ) -> Any:
         url, so = self.s3.url(path), self.s3.storage_options
         if layout == "shardstore":
             return ShardingStore(url, cps, storage_options=so, **options)
@@ -258,13 +273,13 @@ def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = Fals
         if warm:
             spec["context"] = {"cache_pool": {"total_bytes_limit": 2**28}}
         return TsArray(tensorstore.open(spec).result()), None
-    store = b.store(v.layout, path, ds.cps, v.options)
+    store = b.store(v.layout, path, ds.cps, v.options, counted=v.tool != "zarrs")
     return zarr.open_array(store, path="a"), store
 
 
 def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, Any]:
     """A new empty array at ``path`` in ``v``'s layout (tensorstore's made by zarr)."""
-    store = b.store(v.layout, path, ds.cps, v.options)
+    store = b.store(v.layout, path, ds.cps, v.options, counted=v.tool != "zarrs")
     arr = zarr.create_array(
         store,
         name="a",
@@ -440,11 +455,15 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
             "whole write batch: vs the codec's whole write",
         ]
     print("   " + "; ".join(notes))
-    head = f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'requests/op':>11}"
+    head = (
+        f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'vs zarrs':>8} {'requests/op':>11}"
+    )
     head += f" {'MiB read/op':>11} {'MiB written/op':>14}" + (f" {'round trips':>11}" if latency else "")
     print(head)
     codec = {c.workload: c.seconds for c in cells if c.variant == "codec"}
     codec["whole write batch"] = codec.get("whole write")
+    fastest = {c.workload: c.seconds for c in cells if c.variant == "zarrs"}
+    fastest["whole write batch"] = fastest.get("whole write")
     previous = None
     for c in cells:
         if previous and c.workload != previous:
@@ -454,8 +473,10 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
         if c.seconds is None:
             print(f"{label} {c.note or '-':>9}")
             continue
-        base = codec.get(c.workload)
-        ratio = f"{c.seconds / base:8.2f}" if base else f"{'-':>8}"
+        ratio = " ".join(
+            f"{c.seconds / base:8.2f}" if base else f"{'-':>8}"
+            for base in (codec.get(c.workload), fastest.get(c.workload))
+        )
         if c.counts is None:
             counts = f"{'-':>11} {'-':>11} {'-':>14}"
         else:

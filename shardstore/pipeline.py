@@ -28,15 +28,21 @@ or, for every process of a dask cluster, the environment variable
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import importlib
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeAlias
 
+import numpy as np
 import zarr
+import zarr.abc.codec
 from zarr.abc.codec import CodecPipeline
 from zarr.abc.store import ByteRequest, Store
+from zarr.core.array import create_codec_pipeline
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, BufferPrototype, NDBuffer
 from zarr.core.codec_pipeline import BatchedCodecPipeline
@@ -44,13 +50,13 @@ from zarr.core.indexing import SelectorTuple
 from zarr.registry import register_pipeline
 from zarr.storage import StorePath
 
+from shardstore.chunk_codecs import ChunkCodec, chunk_codec
+from shardstore.default_pipeline import PIPELINE_PATH, become_default
 from shardstore.errors import ShardingConfigError
 from shardstore.store import ShardingStore
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
 
-PIPELINE_PATH = "shardstore.pipeline.ShardAwarePipeline"
-"""The value of zarr's ``codec_pipeline.path`` that selects this pipeline."""
 
 FALLBACK_KEY = "codec_pipeline.fallback_path"
 """zarr configuration key naming the pipeline for arrays outside a ShardingStore."""
@@ -114,21 +120,30 @@ class ShardAwarePipeline(BatchedCodecPipeline):
 
     @classmethod
     def from_array_metadata_and_store(cls, array_metadata: Any, store: Store) -> Self:
-        """zarr asks this first: outside a ShardingStore, the fallback pipeline if it
-        can be built for that store (zarrs' can); else this class, from the codecs."""
-        fallback = _fallback_class()
-        if fallback is None or isinstance(store, ShardingStore):
+        """zarr asks this first. On a ShardingStore: this class (zarr then builds it from
+        the codecs). On any other store: the pipeline zarr builds there without
+        shardstore — ``codec_pipeline.fallback_path``'s, default zarr's batched one —
+        so that other arrays behave and perform exactly as they would."""
+        if isinstance(store, ShardingStore):
             raise NotImplementedError
-        return fallback.from_array_metadata_and_store(array_metadata, store)  # type: ignore[return-value]
+        fallback = _fallback_class()
+        if fallback is not None:
+            with contextlib.suppress(NotImplementedError):  # zarrs' is built for the store
+                return fallback.from_array_metadata_and_store(array_metadata, store)  # type: ignore[return-value]
+        built = create_codec_pipeline(array_metadata)  # this class, as zarr builds it from the codecs
+        assert isinstance(built, ShardAwarePipeline)
+        other = built.fallback or (_batched(built) if fallback is None else fallback.from_codecs(list(built)))
+        return other  # type: ignore[return-value]  # zarr takes any CodecPipeline here
 
     def evolve_from_array_spec(self, array_spec: ArraySpec) -> Self:
         evolved = super().evolve_from_array_spec(array_spec)
         fallback = _fallback_class()
-        if fallback is None:
-            return evolved
-        return dataclasses.replace(
-            evolved, fallback=fallback.from_codecs(list(self)).evolve_from_array_spec(array_spec)
+        other = (
+            _batched(evolved)
+            if fallback is None
+            else fallback.from_codecs(list(self)).evolve_from_array_spec(array_spec)
         )
+        return dataclasses.replace(evolved, fallback=other)
 
     def _other_store_pipeline(self, chunks: Sequence[ChunkInfo]) -> CodecPipeline | None:
         """The fallback, for a selection of an array outside any ShardingStore."""
@@ -150,6 +165,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             return await super().read(chunks, out, drop_axes)
         groups = await _by_shard(store, chunks)
         results: list[Any] = [None] * len(chunks)
+        codec = _direct(self, chunks, out)
 
         def read_ahead(i: int) -> asyncio.Future[dict[int, _Held]] | None:
             if i == len(groups):
@@ -162,7 +178,22 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 assert ahead is not None
                 held = await ahead
                 ahead = read_ahead(i + 1)  # the next group's read under way while this one decodes
-                got = await self.read_batch([(held[n], *chunks[n][1:]) for n in group], out, drop_axes)
+                items = [(held[n], *chunks[n][1:]) for n in group]
+                got: Sequence[Any] | None
+                if codec is None:
+                    got = await self.read_batch(items, out, drop_axes)
+                else:  # decoded straight into the output, by a thread per core
+                    reports: list[Any] = [None] * len(items)
+                    failed: list[int] = []
+                    scatter = functools.partial(
+                        _scatter, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
+                    )
+                    await _in_parallel(scatter, len(items))
+                    if failed:  # zarr's codecs decode them, or say what is wrong
+                        redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
+                        for k, result in zip(failed, redone or (), strict=False):
+                            reports[k] = result
+                    got = reports
                 for n, result in zip(group, got or (), strict=False):
                     results[n] = result
         finally:
@@ -182,10 +213,128 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await super().write(chunks, value, drop_axes)
             return
+        codec = _direct(self, chunks, value)
         for group in await _by_shard(store, chunks):
             held = await _fetch(store, chunks, group, everything=False)
-            await self.write_batch([(held[n], *chunks[n][1:]) for n in group], value, drop_axes)
+            items = [(held[n], *chunks[n][1:]) for n in group]
+            encoded: list[bytes | Exception | None] = [None] * len(items)
+            if codec is not None:  # encoded straight from the value, by a thread per core
+                merge = functools.partial(
+                    _merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=encoded
+                )
+                await _in_parallel(merge, len(items))
+            if codec is None or any(isinstance(e, Exception) for e in encoded):
+                await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
+            else:
+                for (held_chunk, spec, *_), new in zip(items, encoded, strict=True):
+                    assert not isinstance(new, Exception)
+                    stored = None if new is None else spec.prototype.buffer.from_bytes(new)
+                    held_chunk.written.append((held_chunk.path, stored))
             await store.set_many(item for n in group for item in held[n].written)
+
+
+_REPORTS = hasattr(zarr.abc.codec, "GetResult")
+"""zarr 3.4 and later want each chunk's read reported as present or missing."""
+
+
+def _direct(
+    pipeline: BatchedCodecPipeline, chunks: Sequence[ChunkInfo], array: NDBuffer
+) -> ChunkCodec | None:
+    """The array's codec chain run directly (None: zarr's codecs run it, or the data
+    is not a numpy array in memory)."""
+    if not chunks or not isinstance(array.as_ndarray_like(), np.ndarray):
+        return None
+    return chunk_codec(list(pipeline), chunks[0][1])
+
+
+async def _in_parallel(work: Callable[[range], None], n: int) -> None:
+    """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
+    (the codecs release the GIL while they compress)."""
+    step = -(-n // (os.cpu_count() or 1))
+    await asyncio.gather(*(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step)))
+
+
+def _scatter(
+    codec: ChunkCodec,
+    items: list[tuple[Any, ...]],
+    part: range,
+    out: NDBuffer,
+    drop_axes: tuple[int, ...],
+    reports: list[Any],
+    failed: list[int],
+) -> None:
+    """Decode the held chunks ``part`` of ``items`` into ``out`` (the fill value where
+    absent), each one's report as zarr wants it into ``reports``; the places of those
+    that do not decode into ``failed``."""
+    target = out.as_ndarray_like()
+    for k in part:
+        held, spec, chunk_selection, out_selection, _ = items[k]
+        if held.value is None:
+            target[out_selection] = spec.fill_value
+            reports[k] = {"status": "missing"} if _REPORTS else None
+            continue
+        try:
+            chunk = codec.decode(held.value.as_numpy_array(), spec.shape)
+        except Exception:
+            failed.append(k)
+            continue
+        piece = chunk[chunk_selection]
+        target[out_selection] = piece.squeeze(axis=drop_axes) if drop_axes else piece
+        reports[k] = {"status": "present"} if _REPORTS else None
+
+
+def _merge_and_encode(
+    codec: ChunkCodec,
+    items: list[tuple[Any, ...]],
+    part: range,
+    value: NDBuffer,
+    drop_axes: tuple[int, ...],
+    encoded: list[bytes | Exception | None],
+) -> None:
+    """The new bytes of the chunks ``part`` of ``items`` (None: zarr would store none)
+    from ``value`` and, for a chunk covered in part, its held bytes; the error
+    instead where those do not decode."""
+    source = value.as_ndarray_like()
+    assert isinstance(source, np.ndarray)  # as _direct checked
+    for k in part:
+        held, spec, chunk_selection, out_selection, complete = items[k]
+        piece = source if source.shape == () else source[out_selection]
+        if drop_axes:
+            piece = piece[tuple(None if i in drop_axes else slice(None) for i in range(len(spec.shape)))]
+        if complete and piece.shape == tuple(spec.shape):
+            chunk = piece
+        elif held.value is None:
+            chunk = np.full(spec.shape, spec.fill_value, dtype=codec.dtype.newbyteorder("="))
+            chunk[chunk_selection] = piece
+        else:
+            try:
+                chunk = codec.decode(held.value.as_numpy_array(), spec.shape).copy()
+            except Exception as exc:
+                encoded[k] = exc
+                continue
+            chunk[chunk_selection] = piece
+        encoded[k] = None if _all_fill(chunk, spec) else codec.encode(chunk)
+
+
+def _all_fill(chunk: np.ndarray[Any, Any], spec: ArraySpec) -> bool:
+    """Whether zarr would store no chunk for these values: ``write_empty_chunks`` off
+    and every element the fill value, by zarr's own test (-0.0 is no 0.0); the
+    first element settles most chunks at once."""
+    if spec.config.write_empty_chunks:
+        return False
+    fill = spec.fill_value
+    first = chunk.flat[0] if chunk.size else fill
+    if not (first == fill or (first != first and fill != fill)):  # (NaN)
+        return False
+    return bool(spec.prototype.nd_buffer.from_ndarray_like(chunk).all_equal(fill))
+
+
+def _batched(pipeline: BatchedCodecPipeline) -> BatchedCodecPipeline:
+    """zarr's own batched pipeline with the codecs of ``pipeline`` (nothing re-validated,
+    so no advisory warning is said twice)."""
+    return BatchedCodecPipeline(
+        **{f.name: getattr(pipeline, f.name) for f in dataclasses.fields(BatchedCodecPipeline)}
+    )
 
 
 def _sharding_store(chunks: Sequence[ChunkInfo], pipeline: BatchedCodecPipeline) -> ShardingStore | None:
@@ -233,3 +382,4 @@ async def _fetch(
 
 
 register_pipeline(ShardAwarePipeline)
+become_default(final=False)

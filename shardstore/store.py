@@ -20,6 +20,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from shardstore import sync_bridge
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
+from shardstore.default_pipeline import become_default
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
 from shardstore.inner import adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
@@ -85,6 +86,7 @@ class ShardingStore(Store):
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(read_only=read_only)
+        become_default()  # zarr opens this store's arrays with shardstore's pipeline (once decided)
         self._options = StoreOptions(
             layout=layout,
             write_strategy=write_strategy,

@@ -199,7 +199,7 @@ def test_the_environment_variable_selects_the_pipeline_without_importing_shardst
     )
     env = {**os.environ, "ZARR_CODEC_PIPELINE__PATH": PIPELINE_PATH}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["ShardAwarePipeline", "24"]
+    assert done.stdout.split() == ["BatchedCodecPipeline", "24"]  # zarr's own, as zarr builds it
 
 
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -283,3 +283,97 @@ def test_missing_chunks_are_reported_to_zarr(tmp_path: Path) -> None:
             strict[2:14, 6:10]  # chunk rows 0-3, columns 1-2: present where both < 2
     named = set(re.findall(r"chunk '(c/[0-9/]+)'", str(caught.value)))
     assert named == {f"c/{i}/{j}" for i in range(4) for j in (1, 2) if not (i < 2 and j < 2)}
+
+
+_KINDS = """
+import sys, zarr
+from zarr.storage import LocalStore, MemoryStore
+import shardstore
+from shardstore import ShardingStore
+root = sys.argv[1]
+def kind(arr):
+    return type(arr._async_array.codec_pipeline).__name__
+ours = ShardingStore(root + "/s", (2, 2))
+made = zarr.create_array(ours, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1")
+made[:] = 1
+print(zarr.config.get("codec_pipeline.path"))
+print(kind(made), kind(zarr.open_array(ShardingStore(root + "/s"), path="a")))
+print(kind(zarr.open_group(ShardingStore(root + "/s"))["a"]))
+print(kind(zarr.create_array(MemoryStore(), shape=(8,), chunks=(2,), dtype="i4")))
+local = LocalStore(root + "/p")
+print(kind(zarr.create_array(local, shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="u1")))
+"""
+
+
+def _kinds(tmp_path: Path, **env: str) -> list[str]:
+    """What a fresh process gets: zarr's setting, then the pipeline class of a
+    ShardingStore array (created, opened, from a group), a MemoryStore array and an
+    array zarr shards itself on a LocalStore."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KINDS, str(tmp_path)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def test_importing_shardstore_makes_its_pipeline_zarrs_default_for_its_stores_only(tmp_path: Path) -> None:
+    assert _kinds(tmp_path) == [
+        PIPELINE_PATH,
+        *["ShardAwarePipeline"] * 3,
+        *["BatchedCodecPipeline"] * 2,  # exactly the class zarr builds without shardstore
+    ]
+
+
+def test_the_default_can_be_refused_by_the_environment(tmp_path: Path) -> None:
+    assert _kinds(tmp_path, SHARDSTORE_DEFAULT_PIPELINE="0") == [ZARR_PIPELINE, *["BatchedCodecPipeline"] * 5]
+
+
+def test_a_pipeline_the_user_chose_is_left_alone(tmp_path: Path) -> None:
+    pytest.importorskip("zarrs")
+    got = _kinds(tmp_path, ZARR_CODEC_PIPELINE__PATH=ZARRS)
+    assert got[0] == ZARRS
+    assert "ShardAwarePipeline" not in got  # zarrs declines a ShardingStore: zarr's batched pipeline
+
+
+def test_a_setting_in_force_while_zarr_loads_shardstore_leaves_the_decision_to_the_first_store(
+    tmp_path: Path,
+) -> None:
+    """zarr may import shardstore (loading its pipeline entry points) inside a user's
+    temporary setting; the first ShardingStore made after it ends makes the default."""
+    script = (
+        "import sys, zarr\n"
+        "with zarr.config.set({'codec_pipeline.path': 'shardstore.pipeline.ShardAwarePipeline'}):\n"
+        "    import shardstore\n"
+        "print(zarr.config.get('codec_pipeline.path'))\n"
+        "shardstore.ShardingStore(sys.argv[1])\n"
+        "print(zarr.config.get('codec_pipeline.path'))\n"
+        "zarr.config.set({'codec_pipeline.path': 'zarr.core.codec_pipeline.BatchedCodecPipeline'})\n"
+        "shardstore.ShardingStore(sys.argv[1])\n"
+        "print(zarr.config.get('codec_pipeline.path'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    # decided by the first store; after that the user's explicit choice stands
+    assert done.stdout.split() == [ZARR_PIPELINE, PIPELINE_PATH, ZARR_PIPELINE]
+
+
+def test_xarray_reads_through_the_default_pipeline(tmp_path: Path) -> None:
+    xr = pytest.importorskip("xarray")
+    store, inner = _counted(tmp_path)
+    data = sample((128, 128), "f4")  # 16 shards of 4 x 4 chunks
+    xr.Dataset({"v": (("y", "x"), data)}).to_zarr(
+        store, mode="w", encoding={"v": {"chunks": (8, 8)}}, consolidated=False
+    )
+    batches = {}
+    for path in (PIPELINE_PATH, ZARR_PIPELINE):
+        with zarr.config.set({"codec_pipeline.path": path}):
+            inner.counts.reset()
+            got = xr.open_zarr(ShardingStore(inner), consolidated=False, chunks=None)["v"].values
+            np.testing.assert_array_equal(got, data)
+            batches[path] = inner.counts.read_batches
+    # the same metadata reads; then the 16 shards in one batch, not zarr's rounds of 10 chunks
+    assert batches[PIPELINE_PATH] <= batches[ZARR_PIPELINE] - 10, batches

@@ -1,0 +1,128 @@
+"""The common chunk codec chains, run straight between bytes and numpy arrays.
+
+zarr decodes a chunk through a chain of codec objects, each call awaited and
+each result wrapped in a zarr buffer: per chunk that costs more than decoding a
+small chunk does. For the chains nearly every array has — ``bytes`` (either
+byte order), optionally ``transpose``, then ``zstd``, ``blosc`` or ``gzip`` and
+a ``crc32c`` checksum; or a zarr v2 array's compressor with no filters — a
+:class:`ChunkCodec` does the same work with numpy and numcodecs directly, and
+produces the same bytes any zarr reader decodes. :func:`chunk_codec` says
+whether an array's chain is one of those (None: zarr's codecs serve it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import google_crc32c
+import numcodecs
+import numpy as np
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs._v2 import V2Codec
+
+__all__ = ["ChunkCodec", "chunk_codec"]
+
+_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+_KINDS = "biufc"
+"""numpy kinds the direct path handles: fixed-size numbers and booleans."""
+
+
+def _value(option: Any) -> Any:
+    """An enum option's value (zarr 3.1 uses enums where zarr 3.4 uses strings)."""
+    return getattr(option, "value", option)
+
+
+@dataclass(frozen=True)
+class ChunkCodec:
+    """One array's chunk codec chain, run with numpy and numcodecs.
+
+    ``dtype`` is the stored one (with its byte order); ``transpose`` the order the
+    ``transpose`` codec gives the axes (None: none); ``fortran`` a zarr v2 array of
+    order "F"; ``compressors`` the numcodecs codecs in encoding order; ``checksum``
+    a trailing crc32c; ``fill_value`` and ``write_empty_chunks`` as zarr's."""
+
+    dtype: np.dtype[Any]
+    transpose: tuple[int, ...] | None
+    fortran: bool
+    compressors: tuple[Any, ...]
+    checksum: bool
+
+    def decode(self, stored: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        """A chunk's array from its stored bytes (read-only where it could be a view).
+        Raises ValueError on damage; the caller then lets zarr's codecs say what."""
+        data = stored
+        if self.checksum:
+            view = memoryview(stored)
+            data = view[:-4]
+            if len(view) < 4 or google_crc32c.value(data) != int.from_bytes(view[-4:], "little"):
+                raise ValueError("crc32c checksum mismatch")
+        for codec in reversed(self.compressors):
+            data = codec.decode(data)
+        flat = np.frombuffer(data, dtype=self.dtype)
+        if self.transpose is not None:
+            stored_shape = tuple(shape[i] for i in self.transpose)
+            return flat.reshape(stored_shape).transpose(np.argsort(self.transpose))
+        if self.fortran:
+            return flat.reshape(shape[::-1]).T
+        return flat.reshape(shape)
+
+    def encode(self, chunk: np.ndarray[Any, Any]) -> bytes:
+        if self.transpose is not None:
+            chunk = chunk.transpose(self.transpose)
+        data: Any = np.ascontiguousarray(chunk.T if self.fortran else chunk, dtype=self.dtype)
+        for codec in self.compressors:
+            data = codec.encode(data)
+        out = bytes(data) if not isinstance(data, bytes) else data
+        if self.checksum:
+            out += google_crc32c.value(out).to_bytes(4, "little")
+        return out
+
+
+def chunk_codec(codecs: Sequence[Any], spec: Any) -> ChunkCodec | None:
+    """The direct form of a chain of zarr codec objects (a pipeline's, in order) for
+    chunks described by the ArraySpec ``spec``; None where it has a codec this module
+    does not run, a data type numpy cannot hold as fixed-size numbers, or no fill value."""
+    try:
+        native = spec.dtype.to_native_dtype()
+    except AttributeError:
+        return None
+    if not isinstance(native, np.dtype) or native.kind not in _KINDS or spec.fill_value is None:
+        return None
+    dtype, transpose, fortran, compressors, checksum = native, None, False, [], False
+    for n, codec in enumerate(codecs):
+        if isinstance(codec, TransposeCodec) and n == 0:
+            transpose = tuple(codec.order)
+        elif isinstance(codec, BytesCodec):
+            endian = _value(codec.endian)
+            if endian is not None:
+                dtype = native.newbyteorder("<" if endian == "little" else ">")
+        elif isinstance(codec, V2Codec) and not codec.filters:
+            fortran = _value(spec.config.order) == "F"
+            if codec.compressor is not None:
+                compressors.append(codec.compressor)
+        elif isinstance(codec, ZstdCodec) and not checksum:
+            compressors.append(numcodecs.Zstd(level=codec.level, checksum=codec.checksum))
+        elif isinstance(codec, BloscCodec) and not checksum:
+            compressors.append(
+                numcodecs.Blosc(
+                    cname=_value(codec.cname),
+                    clevel=codec.clevel,
+                    shuffle=_SHUFFLES[_value(codec.shuffle)],
+                    blocksize=codec.blocksize,
+                )
+            )
+        elif isinstance(codec, GzipCodec) and not checksum:
+            compressors.append(numcodecs.GZip(level=codec.level))
+        elif isinstance(codec, Crc32cCodec) and not checksum:
+            checksum = True
+        else:
+            return None
+    return ChunkCodec(
+        dtype=dtype,
+        transpose=transpose,
+        fortran=fortran,
+        compressors=tuple(compressors),
+        checksum=checksum,
+    )

@@ -1,0 +1,108 @@
+"""The direct codec path: every chain it runs reads and writes what zarr's own codecs
+would (the bytes it writes decode through zarr without shardstore's pipeline), and a
+damaged chunk fails as it does through zarr's codecs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import default_buffer_prototype
+
+from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore.chunk_codecs import chunk_codec
+
+from .helpers import sample
+
+ZARR_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+
+V3_CHAINS: dict[str, dict[str, Any]] = {
+    "zstd": {},
+    "uncompressed": {"compressors": None},
+    "blosc": {"compressors": BloscCodec(cname="lz4", clevel=3, shuffle="shuffle")},
+    "gzip-crc32c": {"compressors": [GzipCodec(level=1), Crc32cCodec()]},
+    "big-endian": {"serializer": BytesCodec(endian="big")},
+    "transposed": {"filters": [TransposeCodec(order=(1, 0))], "compressors": ZstdCodec(level=3)},
+}
+
+
+def _pair(root: Path, name: str, dtype: str, **kwargs: Any) -> tuple[Any, Any]:
+    """The same array through shardstore's pipeline and through zarr's own."""
+    made = []
+    for path in (PIPELINE_PATH, ZARR_PIPELINE):
+        with zarr.config.set({"codec_pipeline.path": path}):
+            store = ShardingStore(str(root / path), (2, 3))
+            made.append(
+                zarr.create_array(
+                    store, name=name, shape=(21, 29), chunks=(4, 5), dtype=dtype, fill_value=0, **kwargs
+                )
+            )
+    return made[0], made[1]
+
+
+@pytest.mark.parametrize("dtype", ["f4", "<i2", "u1", "bool", "c8", "f8"])
+@pytest.mark.parametrize("chain", sorted(V3_CHAINS))
+def test_v3_chains_read_and_write_as_zarrs_codecs_do(tmp_path: Path, chain: str, dtype: str) -> None:
+    ours, theirs = _pair(tmp_path, "a", dtype, **V3_CHAINS[chain])
+    assert chunk_codec(list(ours._async_array.codec_pipeline), _spec(ours)) is not None
+    data = (sample((21, 29), "f8") * 100).astype(dtype)
+    for arr in (ours, theirs):
+        arr[:] = data
+        arr[3:17, 2:11] = data[:14, :9]  # chunks covered in part: read, merged, rewritten
+        arr[5, :] = 0  # a row of fill values
+        arr[8:12, 10:15] = 0  # a whole chunk of fill values: erased
+    np.testing.assert_array_equal(ours[:], theirs[:])
+    with zarr.config.set({"codec_pipeline.path": ZARR_PIPELINE}):  # our bytes, zarr's codecs
+        np.testing.assert_array_equal(zarr.open_array(ours.store, path="a")[:], theirs[:])
+    np.testing.assert_array_equal(ours[2:19:3, 7], theirs[2:19:3, 7])  # drop_axes
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("compressor", ["zstd", "none"])
+def test_v2_arrays_read_and_write_as_zarrs_codecs_do(tmp_path: Path, order: str, compressor: str) -> None:
+    kwargs: dict[str, Any] = {"zarr_format": 2, "order": order}
+    if compressor == "none":
+        kwargs["compressors"] = None
+    ours, theirs = _pair(tmp_path, "v", ">f8", **kwargs)
+    data = sample((21, 29), "f8")
+    for arr in (ours, theirs):
+        arr[:] = data
+        arr[1:20:2, 3] = -1
+    np.testing.assert_array_equal(ours[:], theirs[:])
+    with zarr.config.set({"codec_pipeline.path": ZARR_PIPELINE}):
+        np.testing.assert_array_equal(zarr.open_array(ours.store, path="v")[:], theirs[:])
+
+
+def test_a_damaged_chunk_fails_as_through_zarrs_codecs(tmp_path: Path) -> None:
+    ours, theirs = _pair(tmp_path, "a", "f4", compressors=[ZstdCodec(), Crc32cCodec()])
+    prototype = default_buffer_prototype()
+    for arr in (ours, theirs):
+        arr[:] = 1
+        stored = asyncio.run(arr.store.get("a/c/1/1", prototype))
+        damaged = bytearray(stored.to_bytes())
+        damaged[3] ^= 0xFF
+        asyncio.run(arr.store.set("a/c/1/1", prototype.buffer.from_bytes(bytes(damaged))))
+    errors = []
+    for arr in (ours, theirs):
+        with pytest.raises(Exception) as caught:
+            arr[:]
+        errors.append((type(caught.value), str(caught.value)))
+    assert errors[0] == errors[1]
+
+
+def _spec(arr: Any) -> ArraySpec:
+    """The spec zarr gives each chunk of ``arr``."""
+    md = arr._async_array.metadata
+    return ArraySpec(
+        shape=arr.chunks,
+        dtype=md.data_type,
+        fill_value=md.fill_value,
+        config=ArrayConfig.from_dict({}),
+        prototype=default_buffer_prototype(),
+    )
