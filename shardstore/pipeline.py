@@ -9,13 +9,18 @@ it touches, and durability forbids holding a chunk back). This pipeline sees
 the whole selection: it groups its chunks by shard and works on
 ``fetch_concurrency`` shards at a time, with one batched read per group (the
 next group's read under way while this one decodes) and one commit per shard,
-done when durable. For an array that zarr shards itself it is zarr's
+done when durable. The common codec chains are decoded straight into the
+output and encoded straight from the value (:mod:`shardstore.chunk_codecs`),
+a thread per core. For an array that zarr shards itself it is zarr's
 :class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
-other store it is the pipeline named by ``codec_pipeline.fallback_path``
-(default that same batched pipeline), so zarr's ``FusedCodecPipeline`` or
-zarrs' Rust ``ZarrsCodecPipeline`` can serve the other arrays beside it.
+other store zarr gets the pipeline it would build without shardstore — that
+batched pipeline, or the one ``codec_pipeline.fallback_path`` names, so
+zarr's ``FusedCodecPipeline`` or zarrs' Rust ``ZarrsCodecPipeline`` serves
+the other arrays beside it.
 
-Opt in before opening the array (zarr picks the pipeline then)::
+Importing shardstore makes it zarr's ``codec_pipeline.path`` while that is
+still zarr's default (:mod:`shardstore.default_pipeline`); elsewhere select it
+before opening the array (zarr picks the pipeline then)::
 
     zarr.config.set({"codec_pipeline.path": "shardstore.pipeline.ShardAwarePipeline"})
 
