@@ -12,6 +12,8 @@ counting proxy, shardstore.testing.s3) with --latency-ms added to every request
          uncompressed: the cold and warm chunk rows only. A shard is 16 chunks, so
          "MiB read/op" of a cold chunk shows whether a whole shard is downloaded
          to serve one chunk (0.5 MiB: the chunk; 8 MiB: its shard).
+  raw    as main, uncompressed: whole read, whole write and overwrite, where
+         codec cost is least and per-chunk machinery shows most.
 
 Workloads (each through a newly opened store unless said otherwise):
 
@@ -24,6 +26,7 @@ Workloads (each through a newly opened store unless said otherwise):
   1-chunk update     M random single-chunk writes, each a new value for one whole
                      chunk, into an existing array (the one "whole write" wrote)
   whole write        arr[:] = data on a new array (its creation not timed)
+  overwrite          arr[:] = data again, over the array "whole write" wrote
   whole write batch  the same inside `with store.batch():` (ShardingStore only;
                      "-" for the others; its "vs codec" is against the codec's
                      whole write)
@@ -126,7 +129,7 @@ class Dataset:
 
 
 READS = ("cold chunk", "warm chunk", "slab", "whole read")
-WRITES = ("whole write", "whole write batch", "1-chunk update")  # run in this order
+WRITES = ("whole write", "overwrite", "whole write batch", "1-chunk update")  # run in this order
 
 
 @dataclass(frozen=True)
@@ -365,6 +368,16 @@ def setup(job: Job, v: Variant, workload: str) -> Timed:
 
         return read_back
 
+    if workload == "overwrite":
+        if v.name not in job.written:
+            raise RuntimeError("no array to overwrite: its whole write failed")
+        path = job.written[v.name]
+        arr = open_array(b, v, ds, path)[0]
+
+        def overwrite() -> None:
+            arr[:] = data
+
+        return Timed(overwrite, 1, path, check(path, data))
     if workload == "1-chunk update":
         if v.name not in job.written:
             raise RuntimeError("no array to update: its whole write failed")
@@ -508,10 +521,11 @@ def main() -> None:
     main_ds = Dataset("main", (side, side), (64, 64), (8, 8), "auto", READS + WRITES)
     big_shape = (1024, 4096) if args.quick else (2048, 4096)
     big_ds = Dataset("big", big_shape, (256, 512), (4, 4), None, ("cold chunk", "warm chunk"))
+    raw_ds = Dataset("raw", (side, side), (64, 64), (8, 8), None, ("whole read", "whole write", "overwrite"))
     # (dataset, reads local, updates local, reads S3, updates S3)
-    plan = [(main_ds, 50, 20, 12, 8), (big_ds, 20, 0, 8, 0)]
+    plan = [(main_ds, 50, 20, 12, 8), (big_ds, 20, 0, 8, 0), (raw_ds, 0, 0, 0, 0)]
     if not args.quick:
-        plan = [(main_ds, 200, 50, 30, 16), (big_ds, 50, 0, 16, 0)]
+        plan = [(main_ds, 200, 50, 30, 16), (big_ds, 50, 0, 16, 0), (raw_ds, 0, 0, 0, 0)]
     print(
         f"# floor benchmark: zarr {zarr.__version__} (async.concurrency "
         f"{zarr.config.get('async.concurrency')}), tensorstore {'yes' if tensorstore else 'not installed'}"
