@@ -103,3 +103,21 @@ def test_rechunk_to_shards_for_a_dataset(client: Any, tmp_path: Path) -> None:
     back = xr.open_zarr(ShardingStore(f"file://{tmp_path}/ds.zarr"), consolidated=False)
     assert back.t.encoding["chunks"] == CHUNKS
     xr.testing.assert_equal(back.load(), ds.load())
+
+
+def _pipelines_on_a_worker(url: str, plain: str) -> tuple[str, str]:
+    ours = zarr.open_array(ShardingStore(url), path="a")
+    theirs = zarr.open_array(zarr.storage.LocalStore(plain))
+    return type(ours._async_array.codec_pipeline).__name__, type(theirs._async_array.codec_pipeline).__name__
+
+
+def test_worker_processes_open_arrays_with_shardstores_pipeline_and_others_with_zarrs(
+    client: Any, tmp_path: Path
+) -> None:
+    """No configuration travels to the workers: importing shardstore there is enough."""
+    url = str(tmp_path / "s")
+    zarr.create_array(ShardingStore(url, CPS), name="a", shape=SHAPE, chunks=CHUNKS, dtype="i4")
+    zarr.create_array(zarr.storage.LocalStore(tmp_path / "p"), shape=SHAPE, chunks=CHUNKS, dtype="i4")
+    got = client.run(_pipelines_on_a_worker, url, str(tmp_path / "p"))
+    assert len(got) == 2
+    assert set(got.values()) == {("ShardAwarePipeline", "BatchedCodecPipeline")}
