@@ -14,6 +14,9 @@ counting proxy, shardstore.testing.s3) with --latency-ms added to every request
          to serve one chunk (0.5 MiB: the chunk; 8 MiB: its shard).
   raw    as main, uncompressed: whole read, whole write and overwrite, where
          codec cost is least and per-chunk machinery shows most.
+  cube   3-d, (size/8)^3 (64 MiB; 8 MiB with --quick), chunks 64^3 (1 MiB),
+         2 x 2 x 2 per shard, zstd: whole read and write, where decoding
+         dominates.
 
 Workloads (each through a newly opened store unless said otherwise):
 
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import tempfile
 import time
@@ -99,23 +103,28 @@ Sel = tuple[slice, slice]
 
 @dataclass(frozen=True)
 class Dataset:
+    """An array to measure: 2-d for every workload, any rank for whole reads and writes."""
+
     name: str
-    shape: tuple[int, int]
-    chunks: tuple[int, int]
-    cps: tuple[int, int]
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    cps: tuple[int, ...]
     compressors: Any
     workloads: tuple[str, ...]
 
     @property
-    def shard(self) -> tuple[int, int]:
-        return (self.chunks[0] * self.cps[0], self.chunks[1] * self.cps[1])
+    def shard(self) -> tuple[int, ...]:
+        return tuple(c * p for c, p in zip(self.chunks, self.cps, strict=True))
 
     def describe(self) -> str:
-        (h, w), (a, b), (p, q) = self.shape, self.chunks, self.cps
-        kib = a * b * 4 // 1024
+        def dims(t: tuple[int, ...]) -> str:
+            return "x".join(map(str, t))
+
+        kib = math.prod(self.chunks) * 4 // 1024
         return (
-            f"{self.name}: {h}x{w} float32 ({h * w * 4 / MiB:g} MiB), chunks {a}x{b} ({kib} KiB), "
-            f"{p}x{q} chunks/shard ({kib * p * q / 1024:g} MiB), {'zstd' if self.compressors else 'none'}"
+            f"{self.name}: {dims(self.shape)} float32 ({math.prod(self.shape) * 4 / MiB:g} MiB), "
+            f"chunks {dims(self.chunks)} ({kib} KiB), {dims(self.cps)} chunks/shard "
+            f"({kib * math.prod(self.cps) / 1024:g} MiB), {'zstd' if self.compressors else 'none'}"
         )
 
     def chunk(self, i: int, j: int) -> Sel:
@@ -522,10 +531,17 @@ def main() -> None:
     big_shape = (1024, 4096) if args.quick else (2048, 4096)
     big_ds = Dataset("big", big_shape, (256, 512), (4, 4), None, ("cold chunk", "warm chunk"))
     raw_ds = Dataset("raw", (side, side), (64, 64), (8, 8), None, ("whole read", "whole write", "overwrite"))
+    cube = (side // 8,) * 3  # 1 MiB chunks, 8 MiB shards: 8 MiB with --quick, 64 MiB else
+    cube_ds = Dataset("cube", cube, (64, 64, 64), (2, 2, 2), "auto", ("whole read", "whole write"))
     # (dataset, reads local, updates local, reads S3, updates S3)
-    plan = [(main_ds, 50, 20, 12, 8), (big_ds, 20, 0, 8, 0), (raw_ds, 0, 0, 0, 0)]
+    plan = [(main_ds, 50, 20, 12, 8), (big_ds, 20, 0, 8, 0), (raw_ds, 0, 0, 0, 0), (cube_ds, 0, 0, 0, 0)]
     if not args.quick:
-        plan = [(main_ds, 200, 50, 30, 16), (big_ds, 50, 0, 16, 0), (raw_ds, 0, 0, 0, 0)]
+        plan = [
+            (main_ds, 200, 50, 30, 16),
+            (big_ds, 50, 0, 16, 0),
+            (raw_ds, 0, 0, 0, 0),
+            (cube_ds, 0, 0, 0, 0),
+        ]
     print(
         f"# floor benchmark: zarr {zarr.__version__} (async.concurrency "
         f"{zarr.config.get('async.concurrency')}), tensorstore {'yes' if tensorstore else 'not installed'}"
