@@ -41,7 +41,7 @@ class ChunkCodec:
     ``dtype`` is the stored one (with its byte order); ``transpose`` the order the
     ``transpose`` codec gives the axes (None: none); ``fortran`` a zarr v2 array of
     order "F"; ``compressors`` the numcodecs codecs in encoding order; ``checksum``
-    a trailing crc32c; ``fill_value`` and ``write_empty_chunks`` as zarr's."""
+    a trailing crc32c."""
 
     dtype: np.dtype[Any]
     transpose: tuple[int, ...] | None
@@ -74,7 +74,7 @@ class ChunkCodec:
         data: Any = np.ascontiguousarray(chunk.T if self.fortran else chunk, dtype=self.dtype)
         for codec in self.compressors:
             data = codec.encode(data)
-        out = bytes(data) if not isinstance(data, bytes) else data
+        out = bytes(data)
         if self.checksum:
             out += google_crc32c.value(out).to_bytes(4, "little")
         return out
