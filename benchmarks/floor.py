@@ -41,12 +41,18 @@ driver on the codec copy; its writes go to a zarr3 sharded array created by
 zarr); "shardstore" (ShardingStore, default options: shardstore's pipeline,
 which importing shardstore makes zarr's); "ss revalidate"
 (index_cache="revalidate", reads only); "ss zarr pipe" (ShardingStore under
-zarr's own batched pipeline: what `SHARDSTORE_DEFAULT_PIPELINE=0` gives).
+zarr's own batched pipeline: what `SHARDSTORE_DEFAULT_PIPELINE=0` gives);
+"python floor" (local only: plain Python on the shardstore copy's files, no
+zarr — each shard file read with one read() and its chunks decoded with numcodecs
+in a loop on one thread; writes encode in a loop and write each shard file with
+one write(): what a Python program that knows the layout costs at least).
 
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
 --quick), its ratios to the codec's and to zarrs', requests, MiB read and MiB written per
-operation (from the last repeat), and on S3 with latency the time in round
+operation (from the last repeat), "peak MiB" (the most the process's resident
+memory grew during the operation, sampled every 2 ms; the last repeat; it
+includes the array a read returns), and on S3 with latency the time in round
 trips (seconds / latency). Local counts come from
 wrappers: CountingStore around zarr's LocalStore, CountingInner around
 ShardingStore's inner store (shardstore.instrument), and tensorstore's own
@@ -64,9 +70,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import itertools
+import json
 import math
 import os
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -74,6 +84,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import google_crc32c
+import numcodecs
 import numpy as np
 import zarr
 from zarr.storage import FsspecStore, LocalStore
@@ -166,8 +178,124 @@ def variants() -> list[Variant]:
         Variant("shardstore", "shardstore"),  # as users get it: shardstore's pipeline
         Variant("ss revalidate", "shardstore", options={"index_cache": "revalidate"}, writes=False),
         Variant("ss zarr pipe", "shardstore", pipeline=ZARR_DEFAULT_PATH),  # opted out
+        Variant("python floor", "shardstore", tool="floor"),
     ]
     return out
+
+
+class FloorArray:
+    """The plain-Python floor over a ShardingStore copy's files (indexed format, index at
+    the end): whole shard files in, numcodecs in a loop, numpy out; one thread."""
+
+    MISSING = 2**64 - 1
+
+    def __init__(self, root: str, ds: Dataset) -> None:
+        self.root, self.ds = os.path.join(root, "a"), ds
+        with open(os.path.join(self.root, "zarr.json")) as f:
+            config = json.load(f)["storage_transformers"][0]["configuration"]
+        self.checksum = len(config["index_codecs"]) > 1  # [bytes, crc32c]
+        self.codec = numcodecs.Zstd(level=0) if ds.compressors else None
+        self.n = math.prod(ds.cps)
+
+    def _shards(self, rows: slice) -> Iterator[tuple[int, ...]]:
+        """Shard grid positions whose rows meet ``rows`` (a slice of axis 0, step 1)."""
+        first, stop, _ = rows.indices(self.ds.shape[0])
+        grid = [s // h for s, h in zip(self.ds.shape, self.ds.shard, strict=True)]
+        lead = range(first // self.ds.shard[0], -(-stop // self.ds.shard[0]))
+        return itertools.product(lead, *(range(g) for g in grid[1:]))
+
+    def _chunks(self, shard: tuple[int, ...]) -> Iterator[tuple[int, tuple[slice, ...]]]:
+        """Each chunk of a shard: its place in the index and its region of the array."""
+        for k, inner in enumerate(np.ndindex(*self.ds.cps)):
+            origin = [
+                (s * p + i) * c for s, p, i, c in zip(shard, self.ds.cps, inner, self.ds.chunks, strict=True)
+            ]
+            yield k, tuple(slice(o, o + c) for o, c in zip(origin, self.ds.chunks, strict=True))
+
+    def _path(self, shard: tuple[int, ...]) -> str:
+        return os.path.join(self.root, "c", *map(str, shard))
+
+    def __getitem__(self, sel: Any) -> np.ndarray:
+        rows = sel[0] if isinstance(sel, tuple) else sel
+        first, stop, _ = rows.indices(self.ds.shape[0])
+        out = np.zeros((stop - first, *self.ds.shape[1:]), dtype="f4")
+        for shard in self._shards(rows):
+            with open(self._path(shard), "rb") as f:
+                raw = f.read()
+            end = len(raw) - (4 if self.checksum else 0)
+            index = np.frombuffer(raw, "<u8", count=2 * self.n, offset=end - 16 * self.n).reshape(-1, 2)
+            for k, region in self._chunks(shard):
+                lo, hi = max(region[0].start, first), min(region[0].stop, stop)
+                offset, nbytes = (int(x) for x in index[k])
+                if lo >= hi or offset == self.MISSING:
+                    continue
+                data = raw[offset : offset + nbytes]
+                chunk = np.frombuffer(self.codec.decode(data) if self.codec else data, "f4")
+                chunk = chunk.reshape(self.ds.chunks)[lo - region[0].start : hi - region[0].start]
+                out[(slice(lo - first, hi - first), *region[1:])] = chunk
+        return out
+
+    def __setitem__(self, sel: Any, value: np.ndarray) -> None:
+        assert sel == slice(None), "the floor writes whole arrays"
+        for shard in self._shards(slice(None)):
+            parts, index, offset = [], np.full((self.n, 2), self.MISSING, dtype="<u8"), 0
+            for k, region in self._chunks(shard):
+                chunk = np.ascontiguousarray(value[region])
+                encoded = bytes(self.codec.encode(chunk)) if self.codec else chunk.tobytes()
+                index[k] = offset, len(encoded)
+                parts.append(encoded)
+                offset += len(encoded)
+            blob = b"".join(parts) + index.tobytes()
+            if self.checksum:
+                blob += google_crc32c.value(index.tobytes()).to_bytes(4, "little")
+            path = self._path(shard)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".floor-tmp", "wb") as f:
+                f.write(blob)
+            os.replace(path + ".floor-tmp", path)
+
+
+FLOOR_WORKLOADS = ("slab", "whole read", "whole write", "overwrite")
+
+
+class PeakMemory:
+    """How much the resident memory of this process grew at most while inside the block
+    (sampled from /proc every 2 ms; None where /proc is missing). Memory freed before
+    is handed back to the system first (glibc's malloc_trim), so that growth is not
+    hidden by reused free memory."""
+
+    def __init__(self) -> None:
+        self.grew: float | None = None
+
+    @staticmethod
+    def _rss() -> int | None:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __enter__(self) -> PeakMemory:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        self._start, self._peak = self._rss(), self._rss()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.002):
+            now = self._rss()
+            if now is not None and self._peak is not None:
+                self._peak = max(self._peak, now)
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        now = self._rss()
+        if self._start is not None and self._peak is not None and now is not None:
+            self.grew = max(self._peak, now) - self._start
 
 
 def _ts_file_counts() -> Counts:
@@ -198,7 +326,7 @@ class LocalBackend:
         return self.counted[path]
 
     def store(
-        self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any], counted: bool = True
+        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
     ) -> Any:
         if not counted:  # zarrs runs its Rust I/O only on zarr's own LocalStore
             return LocalStore(os.path.join(self.root, path))
@@ -211,7 +339,7 @@ class LocalBackend:
     def meter(self, v: Variant, path: str) -> Callable[[], Counts] | None:
         if v.tool == "tensorstore":
             return _ts_file_counts if hasattr(tensorstore, "experimental_collect_matching_metrics") else None
-        if v.tool == "zarrs":
+        if v.tool in ("zarrs", "floor"):
             return None
 
         def counts() -> Counts:
@@ -232,7 +360,7 @@ class S3Backend:
         self.title = f"S3 API (moto, +{latency_s * 1000:g} ms/request)"
 
     def store(
-        self, layout: str, path: str, cps: tuple[int, int], options: dict[str, Any], counted: bool = True
+        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
     ) -> Any:
         url, so = self.s3.url(path), self.s3.storage_options
         if layout == "shardstore":
@@ -280,6 +408,9 @@ class TsArray:
 
 def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = False) -> tuple[Any, Any]:
     """(array, store) of the array at ``path``, through a newly opened store."""
+    if v.tool == "floor":
+        assert isinstance(b, LocalBackend)
+        return FloorArray(os.path.join(b.root, path), ds), None
     if v.tool == "tensorstore":
         spec: dict[str, Any] = {"driver": "zarr3", "kvstore": b.kvstore(path)}
         if warm:
@@ -301,7 +432,7 @@ def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, A
         dtype="f4",
         compressors=ds.compressors,
     )
-    return open_array(b, v, ds, path) if v.tool == "tensorstore" else (arr, store)
+    return open_array(b, v, ds, path) if v.tool in ("tensorstore", "floor") else (arr, store)
 
 
 def reference(v: Variant) -> Variant:
@@ -320,6 +451,7 @@ class Cell:
     variant: str
     seconds: float | None = None
     counts: tuple[float, float, float] | None = None
+    peak: float | None = None  # bytes the resident memory grew at most (last repeat)
     note: str = ""
 
 
@@ -415,7 +547,9 @@ def setup(job: Job, v: Variant, workload: str) -> Timed:
     return Timed(write, 1, path, check(path, data))
 
 
-def applies(v: Variant, workload: str) -> bool:
+def applies(b: Backend, v: Variant, workload: str) -> bool:
+    if v.tool == "floor":
+        return isinstance(b, LocalBackend) and workload in FLOOR_WORKLOADS
     if workload == "whole write batch":
         return v.layout == "shardstore" and v.writes
     return v.writes or workload in READS
@@ -424,7 +558,7 @@ def applies(v: Variant, workload: str) -> bool:
 def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
     """Best time per operation of ``repeats``; counts per operation from the last."""
     cell = Cell(workload, v.name)
-    if not applies(v, workload):
+    if not applies(job.b, v, workload):
         return cell
     try:
         with v.context():  # around open and operation alike
@@ -433,9 +567,11 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
                 timed = setup(job, v, workload)
                 meter = job.b.meter(v, timed.path)
                 before = meter() if meter else None
-                t0 = time.perf_counter()
-                timed.action()
-                best = min(best, (time.perf_counter() - t0) / timed.ops)
+                with PeakMemory() as memory:
+                    t0 = time.perf_counter()
+                    timed.action()
+                    best = min(best, (time.perf_counter() - t0) / timed.ops)
+                cell.peak = memory.grew
                 if meter is not None and before is not None:
                     (r1, b1, w1), (r0, b0, w0) = meter(), before
                     cell.counts = ((r1 - r0) / timed.ops, (b1 - b0) / timed.ops, (w1 - w0) / timed.ops)
@@ -480,7 +616,8 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
     head = (
         f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'vs zarrs':>8} {'requests/op':>11}"
     )
-    head += f" {'MiB read/op':>11} {'MiB written/op':>14}" + (f" {'round trips':>11}" if latency else "")
+    head += f" {'MiB read/op':>11} {'MiB written/op':>14} {'peak MiB':>8}"
+    head += f" {'round trips':>11}" if latency else ""
     print(head)
     codec = {c.workload: c.seconds for c in cells if c.variant == "codec"}
     codec["whole write batch"] = codec.get("whole write")
@@ -504,8 +641,9 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
         else:
             requests, read, written = c.counts
             counts = f"{requests:11.2f} {read / MiB:11.4f} {written / MiB:14.4f}"
+        peak = f" {c.peak / MiB:8.1f}" if c.peak is not None else f" {'-':>8}"
         trips = f" {c.seconds / latency:11.1f}" if latency else ""
-        print(f"{label} {c.seconds:9.5f} {ratio} {counts}{trips}")
+        print(f"{label} {c.seconds:9.5f} {ratio} {counts}{peak}{trips}")
 
 
 def main() -> None:

@@ -8,10 +8,16 @@ a ``crc32c`` checksum; or a zarr v2 array's compressor with no filters — a
 :class:`ChunkCodec` does the same work with numpy and numcodecs directly, and
 produces the same bytes any zarr reader decodes. :func:`chunk_codec` says
 whether an array's chain is one of those (None: zarr's codecs serve it).
+
+zstd goes through the ``zstandard`` package where it is installed (the
+``shardstore[fast]`` extra): it keeps one compression context per thread, where
+numcodecs builds one per chunk, which for small chunks is most of the work.
+Both write the same bytes.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +27,12 @@ import numcodecs
 import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.codecs._v2 import V2Codec
+
+zstandard: Any
+try:
+    import zstandard
+except ImportError:  # the ``fast`` extra is not installed: numcodecs alone
+    zstandard = None
 
 __all__ = ["ChunkCodec", "chunk_codec"]
 
@@ -32,6 +44,44 @@ _KINDS = "biufc"
 def _value(option: Any) -> Any:
     """An enum option's value (zarr 3.1 uses enums where zarr 3.4 uses strings)."""
     return getattr(option, "value", option)
+
+
+class _Zstd:
+    """zstd through ``zstandard`` with a context per thread, else numcodecs; the frames
+    carry their content size, as numcodecs' do, and any frame numcodecs reads is read."""
+
+    def __init__(self, level: int, checksum: bool) -> None:
+        self.level, self.checksum = level, checksum
+        self._numcodecs = numcodecs.Zstd(level=level, checksum=checksum)
+        self._local = threading.local()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Zstd) and (self.level, self.checksum) == (other.level, other.checksum)
+
+    def __hash__(self) -> int:
+        return hash((self.level, self.checksum))
+
+    def _contexts(self) -> tuple[Any, Any]:
+        local = self._local
+        if not hasattr(local, "contexts"):
+            local.contexts = (
+                zstandard.ZstdCompressor(level=self.level, write_checksum=self.checksum),
+                zstandard.ZstdDecompressor(),
+            )
+        return local.contexts  # type: ignore[no-any-return]
+
+    def encode(self, data: Any) -> Any:
+        if zstandard is None:
+            return self._numcodecs.encode(data)
+        return self._contexts()[0].compress(data)
+
+    def decode(self, data: Any) -> Any:
+        if zstandard is not None:
+            try:
+                return self._contexts()[1].decompress(data)
+            except zstandard.ZstdError:  # a frame without its size (streamed), or damage
+                pass
+        return self._numcodecs.decode(data)
 
 
 @dataclass(frozen=True)
@@ -90,7 +140,8 @@ def chunk_codec(codecs: Sequence[Any], spec: Any) -> ChunkCodec | None:
         return None
     if not isinstance(native, np.dtype) or native.kind not in _KINDS or spec.fill_value is None:
         return None
-    dtype, transpose, fortran, compressors, checksum = native, None, False, [], False
+    dtype, transpose, fortran, checksum = native, None, False, False
+    compressors: list[Any] = []
     for n, codec in enumerate(codecs):
         if isinstance(codec, TransposeCodec) and n == 0:
             transpose = tuple(codec.order)
@@ -100,10 +151,13 @@ def chunk_codec(codecs: Sequence[Any], spec: Any) -> ChunkCodec | None:
                 dtype = native.newbyteorder("<" if endian == "little" else ">")
         elif isinstance(codec, V2Codec) and not codec.filters:
             fortran = _value(spec.config.order) == "F"
-            if codec.compressor is not None:
-                compressors.append(codec.compressor)
+            compressor: Any = codec.compressor
+            if isinstance(compressor, numcodecs.Zstd):
+                compressor = _Zstd(compressor.level, compressor.checksum)
+            if compressor is not None:
+                compressors.append(compressor)
         elif isinstance(codec, ZstdCodec) and not checksum:
-            compressors.append(numcodecs.Zstd(level=codec.level, checksum=codec.checksum))
+            compressors.append(_Zstd(codec.level, codec.checksum))
         elif isinstance(codec, BloscCodec) and not checksum:
             compressors.append(
                 numcodecs.Blosc(

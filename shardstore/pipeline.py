@@ -202,8 +202,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 for n, result in zip(group, got or (), strict=False):
                     results[n] = result
         finally:
-            if ahead is not None:
-                ahead.cancel()
+            await _settle(ahead)
         return tuple(results) if None not in results else None
 
     async def write(
@@ -219,23 +218,49 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await super().write(chunks, value, drop_axes)
             return
         codec = _direct(self, chunks, value)
-        for group in await _by_shard(store, chunks):
+
+        async def encoded(group: list[int]) -> list[tuple[str, Buffer | None]]:
+            """The group's new chunk values (None: delete), encoded straight from the
+            value by a thread per core where ``codec`` can, else by zarr's codecs."""
             held = await _fetch(store, chunks, group, everything=False)
             items = [(held[n], *chunks[n][1:]) for n in group]
-            encoded: list[bytes | Exception | None] = [None] * len(items)
-            if codec is not None:  # encoded straight from the value, by a thread per core
+            new: list[bytes | Exception | None] = [None] * len(items)
+            if codec is not None:
                 merge = functools.partial(
-                    _merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=encoded
+                    _merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=new
                 )
                 await _in_parallel(merge, len(items))
-            if codec is None or any(isinstance(e, Exception) for e in encoded):
+            if codec is None or any(isinstance(e, Exception) for e in new):
                 await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
-                for (held_chunk, spec, *_), new in zip(items, encoded, strict=True):
-                    assert not isinstance(new, Exception)
-                    stored = None if new is None else spec.prototype.buffer.from_bytes(new)
+                for (held_chunk, spec, *_), data in zip(items, new, strict=True):
+                    assert not isinstance(data, Exception)
+                    stored = None if data is None else spec.prototype.buffer.from_bytes(data)
                     held_chunk.written.append((held_chunk.path, stored))
-            await store.set_many(item for n in group for item in held[n].written)
+            return [item for n in group for item in held[n].written]
+
+        groups = await _by_shard(store, chunks)
+        ahead: asyncio.Future[list[tuple[str, Buffer | None]]] | None
+        ahead = asyncio.ensure_future(encoded(groups[0]))
+        try:
+            for i in range(len(groups)):
+                assert ahead is not None
+                ready = await ahead
+                # the next group encodes while this one commits (two groups in memory at most)
+                ahead = asyncio.ensure_future(encoded(groups[i + 1])) if i + 1 < len(groups) else None
+                await store.set_many(ready)
+        finally:
+            await _settle(ahead)
+
+
+async def _settle(pending: asyncio.Future[Any] | None) -> None:
+    """Cancels work started ahead that is no longer wanted and waits for it to end, so
+    that nothing runs on after the call that started it."""
+    if pending is None or pending.done():
+        return
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pending
 
 
 _REPORTS = hasattr(zarr.abc.codec, "GetResult")
@@ -254,9 +279,16 @@ def _direct(
 
 async def _in_parallel(work: Callable[[range], None], n: int) -> None:
     """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
-    (the codecs release the GIL while they compress)."""
+    (the codecs release the GIL while they compress); all done when this returns."""
     step = -(-n // (os.cpu_count() or 1))
-    await asyncio.gather(*(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step)))
+    parts = [range(i, min(i + step, n)) for i in range(0, n, step)]
+    threads = asyncio.gather(*(asyncio.to_thread(work, part) for part in parts))
+    try:
+        await asyncio.shield(threads)
+    except asyncio.CancelledError:  # a thread cannot be stopped: it ends before the call unwinds
+        with contextlib.suppress(Exception):
+            await threads
+        raise
 
 
 def _scatter(
@@ -324,13 +356,15 @@ def _merge_and_encode(
 def _all_fill(chunk: np.ndarray[Any, Any], spec: ArraySpec) -> bool:
     """Whether zarr would store no chunk for these values: ``write_empty_chunks`` off
     and every element the fill value, by zarr's own test (-0.0 is no 0.0); the
-    first element settles most chunks at once."""
+    first element, or a sample, settles most chunks at once."""
     if spec.config.write_empty_chunks:
         return False
     fill = spec.fill_value
     first = chunk.flat[0] if chunk.size else fill
     if not (first == fill or (first != first and fill != fill)):  # (NaN)
         return False
+    if fill == fill and (chunk.flat[:: max(1, chunk.size // 61)] != fill).any():
+        return False  # a sample of the values differs (a data chunk that starts as the fill does)
     return bool(spec.prototype.nd_buffer.from_ndarray_like(chunk).all_equal(fill))
 
 

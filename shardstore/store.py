@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any, Literal
 
 from zarr.abc.store import ByteRequest, Store
@@ -22,7 +22,7 @@ from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.default_pipeline import become_default
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
-from shardstore.inner import adapt
+from shardstore.inner import ChunkBytes, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.internals import StoreInternals
 from shardstore.keys import check_byte_range, check_key, split_key
@@ -265,13 +265,13 @@ class ShardingStore(Store):
         self, prototype: BufferPrototype, requests: list[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
         """``get_partial_values`` for requests already checked (the coalesced ``get()``s)."""
-        results: list[bytes | None] = [None] * len(requests)
+        results: list[ChunkBytes | None] = [None] * len(requests)
         by_route: dict[str, list[tuple[int, Any, ByteRequest | None]]] = {}
         for slot, (key, byte_range) in enumerate(requests):
             where = await self._router.route(key)
             kind = "chunk" if isinstance(where, ChunkAddress) else where
             by_route.setdefault(kind, []).append((slot, where if kind == "chunk" else key, byte_range))
-        parts: list[tuple[list[int], Awaitable[list[bytes | None]]]] = [
+        parts: list[tuple[list[int], Awaitable[Sequence[ChunkBytes | None]]]] = [
             ([slot for slot, _, _ in entries], self._read_routed(kind, [(w, r) for _, w, r in entries]))
             for kind, entries in by_route.items()
             if kind != "absent"
@@ -308,7 +308,7 @@ class ShardingStore(Store):
 
     def _read_routed(
         self, kind: str, requests: list[tuple[Any, ByteRequest | None]]
-    ) -> Awaitable[list[bytes | None]]:
+    ) -> Awaitable[Sequence[ChunkBytes | None]]:
         if kind == "chunk":
             return self._writer.read_through(requests, self._reader.read_chunks)
         if kind == "metadata":
@@ -325,8 +325,8 @@ class ShardingStore(Store):
         if where == "absent":
             return None
         if self._writer.pending(where) is not None:  # in a batch: what the batch would leave
-            value = (await self._writer.read_through([(where, None)], self._reader.read_chunks))[0]
-            return None if value is None else len(value)
+            chunk = (await self._writer.read_through([(where, None)], self._reader.read_chunks))[0]
+            return None if chunk is None else len(chunk)
         entry = (await self._reader.index_entries([where]))[0]
         return None if entry is None else entry[1]
 

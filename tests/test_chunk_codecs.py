@@ -106,3 +106,49 @@ def _spec(arr: Any) -> ArraySpec:
         config=ArrayConfig.from_dict({}),
         prototype=default_buffer_prototype(),
     )
+
+
+@pytest.mark.parametrize("level", [0, 1, 5])
+@pytest.mark.parametrize("checksum", [False, True])
+def test_zstd_writes_the_bytes_numcodecs_writes_with_or_without_zstandard(
+    monkeypatch: pytest.MonkeyPatch, level: int, checksum: bool
+) -> None:
+    import numcodecs
+
+    from shardstore import chunk_codecs
+
+    assert chunk_codecs.zstandard is not None, "the test extra installs zstandard (shardstore[fast])"
+    data = (sample((64, 48), "f8") * 1000).astype("f4")
+    want = bytes(numcodecs.Zstd(level=level, checksum=checksum).encode(data))
+    codec = chunk_codec([BytesCodec(), ZstdCodec(level=level, checksum=checksum)], _spec_of(data))
+    assert codec is not None
+    assert codec.encode(data) == want
+    np.testing.assert_array_equal(codec.decode(want, data.shape), data)
+    monkeypatch.setattr(chunk_codecs, "zstandard", None)  # numcodecs alone, as without the extra
+    assert codec.encode(data) == want
+    np.testing.assert_array_equal(codec.decode(want, data.shape), data)
+
+
+def test_zstd_frames_without_their_size_and_from_many_threads_decode() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import zstandard
+
+    data = (sample((32, 32), "f8") * 1000).astype("f4")
+    codec = chunk_codec([BytesCodec(), ZstdCodec()], _spec_of(data))
+    assert codec is not None
+    streamed = zstandard.ZstdCompressor().compressobj()
+    frame = streamed.compress(data.tobytes()) + streamed.flush()  # no content size in its header
+    np.testing.assert_array_equal(codec.decode(frame, data.shape), data)
+    frames = [codec.encode(data + i) for i in range(64)]
+    with ThreadPoolExecutor(4) as pool:  # one compression context per thread
+        decoded = list(pool.map(lambda f: codec.decode(f, data.shape), frames))
+    for i, got in enumerate(decoded):
+        np.testing.assert_array_equal(got, data + i)
+    with pytest.raises(Exception):  # noqa: B017  damage: numcodecs says what, as zarr would
+        codec.decode(frames[0][:-9], data.shape)
+
+
+def _spec_of(data: np.ndarray[Any, Any]) -> ArraySpec:
+    arr = zarr.create_array({}, shape=data.shape, chunks=data.shape, dtype=data.dtype, fill_value=0)
+    return _spec(arr)

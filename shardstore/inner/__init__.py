@@ -21,7 +21,15 @@ from fsspec.mapping import FSMap
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
-from shardstore.inner.base import STALE, UNCHANGED, AppendBuilder, Change, InnerStore, slice_range
+from shardstore.inner.base import (
+    STALE,
+    UNCHANGED,
+    AppendBuilder,
+    Change,
+    ChunkBytes,
+    InnerStore,
+    slice_range,
+)
 from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.local import LocalInner
 from shardstore.inner.s3 import S3Inner, is_s3
@@ -35,6 +43,7 @@ __all__ = [
     "UNCHANGED",
     "AppendBuilder",
     "Change",
+    "ChunkBytes",
     "FsspecInner",
     "InnerStore",
     "LocalInner",

@@ -10,6 +10,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, TypeVar
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -52,7 +53,14 @@ def failure(op: str, key: str) -> Iterator[None]:
         raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def slice_range(value: bytes, byte_range: ByteRequest | None) -> bytes:
+ChunkBytes: TypeAlias = bytes | memoryview
+"""A chunk's bytes as read: a view into its shard where served from a whole shard."""
+
+
+_Bytes = TypeVar("_Bytes", bytes, memoryview)
+
+
+def slice_range(value: _Bytes, byte_range: ByteRequest | None) -> _Bytes:
     """Apply a byte request to a whole value (short data past the end, like zarr's stores)."""
     if byte_range is None:
         return value

@@ -85,7 +85,9 @@ class IndexCache(LruCache[IndexEntry]):
 @dataclass(frozen=True)
 class ShardSnapshot:
     """A whole shard object with its checked index, as fetched by a request sent
-    at ``fetched_at`` (``time.monotonic()``), at ``version`` where the store tells."""
+    at ``fetched_at`` (``time.monotonic()``), at ``version`` where the store tells.
+    Chunks are served from it as views (:data:`~shardstore.inner.ChunkBytes`): copying each chunk
+    out of its shard costs a large read as much as decoding it."""
 
     data: bytes
     index: ChunkTable
@@ -99,6 +101,10 @@ class ShardSnapshot:
     def chunk(self, position: int) -> tuple[int, int] | None:
         """(offset, nbytes) of the chunk at ``position`` (its id), None where absent."""
         return table_entry(self.index, position)
+
+    def view(self, start: int, stop: int) -> memoryview:
+        """Bytes ``start:stop`` of the shard, not copied."""
+        return memoryview(self.data)[start:stop]
 
 
 class ShardCache(LruCache[ShardSnapshot]):

@@ -30,7 +30,7 @@ from shardstore.formats.indexed import (
     IndexedFormat,
 )
 from shardstore.formats.precomputed import PrecomputedSharding
-from shardstore.inner import STALE, InnerStore, slice_range
+from shardstore.inner import STALE, ChunkBytes, InnerStore, slice_range
 from shardstore.inner.base import NOT_MODIFIED
 from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
@@ -108,11 +108,13 @@ class ShardReader:
         changed = self._changed.get(shard_key)
         return changed is None or changed < sent
 
-    async def read_chunks(self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]) -> list[bytes | None]:
+    async def read_chunks(
+        self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]
+    ) -> list[ChunkBytes | None]:
         """Chunk bytes (ranges of them), each shard served from the shard cache, by
         one whole-shard fetch, or by range reads; the fetches and range reads of
         all shards in one inner round (after one more for uncached indices)."""
-        results: list[bytes | None] = [None] * len(chunks)
+        results: list[ChunkBytes | None] = [None] * len(chunks)
         by_shard: dict[str, list[int]] = {}
         for i, (chunk, _) in enumerate(chunks):
             by_shard.setdefault(chunk.shard.key, []).append(i)
@@ -159,7 +161,7 @@ class ShardReader:
         self,
         todo: list[int],
         chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[bytes | None],
+        results: list[ChunkBytes | None],
     ) -> None:
         """Chunks of shards keyed by chunk id (the neuroglancer format), read as its
         key-value store reads them: shard index entry, minishard index (cached), data
@@ -235,20 +237,19 @@ class ShardReader:
         snapshot: ShardSnapshot,
         members: list[int],
         chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[bytes | None],
+        results: list[ChunkBytes | None],
     ) -> None:
         for i in members:
             chunk, byte_range = chunks[i]
             entry = snapshot.chunk(chunk.position)
             if entry is not None:
-                start, stop = sub_range(*entry, byte_range)
-                results[i] = snapshot.data[start:stop]
+                results[i] = snapshot.view(*sub_range(*entry, byte_range))
 
     async def _read_whole(
         self,
         shards: list[tuple[ShardAddress, list[int]]],
         chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[bytes | None],
+        results: list[ChunkBytes | None],
     ) -> None:
         fetched = await self.fetch_shards([shard for shard, _ in shards])
         for (_, members), (snapshot, error) in zip(shards, fetched, strict=True):
@@ -261,7 +262,7 @@ class ShardReader:
         self,
         shards: list[tuple[ShardAddress, list[int], ShardSnapshot]],
         chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[bytes | None],
+        results: list[ChunkBytes | None],
     ) -> None:
         """Cached shards asked for again in one batch, each only if it changed."""
         sent = time.monotonic()
@@ -342,7 +343,7 @@ class ShardReader:
         self,
         todo: list[int],
         chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[bytes | None],
+        results: list[ChunkBytes | None],
     ) -> None:
         """Range reads located by indices (cached or read in one batch), nearby ranges
         of a shard merged. Where a cached index turns out stale (the read checks the

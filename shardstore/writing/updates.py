@@ -38,8 +38,8 @@ UpdatesByShard: TypeAlias = dict[str, tuple[ShardAddress, ShardUpdates]]
 """Updates grouped per shard key, as one zarr call's keys are before their commits."""
 
 
-def apply_updates(old: bytes | None, updates: list[Update]) -> bytes | None:
-    value = old
+def apply_updates(old: bytes | memoryview | None, updates: list[Update]) -> bytes | None:
+    value = None if old is None else bytes(old)
     for update in updates:
         if isinstance(update, Splice):
             buf = bytearray(value or b"")

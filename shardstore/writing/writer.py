@@ -33,7 +33,7 @@ from shardstore.errors import BatchCommitError
 from shardstore.formats.indexed import (
     MISSING,
 )
-from shardstore.inner import InnerStore, slice_range
+from shardstore.inner import ChunkBytes, InnerStore, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
@@ -75,7 +75,7 @@ def _describe(keys: list[str], limit: int = 5) -> str:
 
 
 ChunkRead: TypeAlias = tuple[ChunkAddress, ByteRequest | None]
-ChunkReader: TypeAlias = Callable[[list[ChunkRead]], Awaitable[list[bytes | None]]]
+ChunkReader: TypeAlias = Callable[[list[ChunkRead]], Awaitable[list[ChunkBytes | None]]]
 R = TypeVar("R")
 
 
@@ -172,13 +172,13 @@ class ShardWriter:
         buffer = self._buffer
         return None if buffer is None else buffer.updates_for(chunk.shard.key, chunk.position)
 
-    async def read_through(self, chunks: list[ChunkRead], read: ChunkReader) -> list[bytes | None]:
+    async def read_through(self, chunks: list[ChunkRead], read: ChunkReader) -> list[ChunkBytes | None]:
         """Chunk reads by ``read`` that see this writer's buffered (``batch()``) updates:
         a chunk given a whole new value is served from the buffer, one with a splice
         still buffered is read whole and the splice applied."""
         if self._buffer is None:
             return await read(chunks)
-        results: list[bytes | None] = [None] * len(chunks)
+        results: list[ChunkBytes | None] = [None] * len(chunks)
         stored: list[int] = []
         spliced: list[tuple[int, list[Update]]] = []
         for slot, (chunk, byte_range) in enumerate(chunks):
@@ -192,11 +192,11 @@ class ShardWriter:
                 spliced.append((slot, pending))
         wanted = [chunks[i] for i in stored] + [(chunks[i][0], None) for i, _ in spliced]
         values = await read(wanted) if wanted else []
-        for slot, value in zip([*stored, *(i for i, _ in spliced)], values, strict=True):
-            results[slot] = value
+        for slot, read_value in zip([*stored, *(i for i, _ in spliced)], values, strict=True):
+            results[slot] = read_value
         for slot, pending in spliced:
-            value = apply_updates(results[slot], pending)
-            results[slot] = None if value is None else slice_range(value, chunks[slot][1])
+            spliced_value = apply_updates(results[slot], pending)
+            results[slot] = None if spliced_value is None else slice_range(spliced_value, chunks[slot][1])
         return results
 
     def batch(self, max_bytes: int, result: R) -> BatchScope[R]:
