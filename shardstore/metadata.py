@@ -192,7 +192,7 @@ class ArrayInfo:
             ends = [s + e[c] for s, c, e in zip(starts, coords, self.edges, strict=True)]
         return tuple(slice(a, min(b, n)) for a, b, n in zip(starts, ends, self.shape, strict=True))
 
-    @property
+    @cached_property
     def prefix(self) -> str:
         """Every key of the array starts with this (``""`` for a root array)."""
         return join_path(self.path, "")

@@ -88,7 +88,8 @@ class StoreOptions:
     2 MiB remote, 16 MiB local).
     ``fetch_concurrency``: shards that one read or write of many chunks (through
     :class:`~shardstore.pipeline.ShardAwarePipeline`, ``get_partial_values``,
-    ``set_many``) fetches or commits at once.
+    ``set_many``) holds at once; the pipeline fetches or commits half of them while
+    it decodes or encodes the other half.
     ``renumbering``: what a resize of an array in the neuroglancer format does when
     the new grid would give stored chunks other ids: ``"migrate"`` moves them to
     their new ids (a copy committed by the metadata write), ``"refuse"`` raises

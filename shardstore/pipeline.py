@@ -7,9 +7,10 @@ together (it sees ten chunks, of one or two shards, per round trip) nor write a
 shard once per ``arr[...] = ...`` (each burst of ten chunks rewrites the shards
 it touches, and durability forbids holding a chunk back). This pipeline sees
 the whole selection: it groups its chunks by shard and works on
-``fetch_concurrency`` shards at a time, with one batched read per group (the
-next group's read under way while this one decodes) and one commit per shard,
-done when durable. The common codec chains are decoded straight into the
+``fetch_concurrency`` shards at a time in two groups, with one batched read per
+group (the next group's read under way while this one decodes; the next
+group encoded while this one commits) and one commit per shard, done when
+durable. The common codec chains are decoded straight into the
 output and encoded straight from the value (:mod:`shardstore.chunk_codecs`),
 a thread per core. For an array that zarr shards itself it is zarr's
 :class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
@@ -78,7 +79,7 @@ class _Held:
 
     path: str
     value: Buffer | None = None
-    written: list[tuple[str, Buffer | None]] = field(default_factory=list)
+    written: list[tuple[str, Buffer | bytes | None]] = field(default_factory=list)
 
     async def get(self, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         assert byte_range is None  # zarr asks a non-sharding pipeline's chunks whole
@@ -219,7 +220,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             return
         codec = _direct(self, chunks, value)
 
-        async def encoded(group: list[int]) -> list[tuple[str, Buffer | None]]:
+        async def encoded(group: list[int]) -> list[tuple[str, Buffer | bytes | None]]:
             """The group's new chunk values (None: delete), encoded straight from the
             value by a thread per core where ``codec`` can, else by zarr's codecs."""
             held = await _fetch(store, chunks, group, everything=False)
@@ -233,14 +234,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             if codec is None or any(isinstance(e, Exception) for e in new):
                 await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
-                for (held_chunk, spec, *_), data in zip(items, new, strict=True):
+                for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
-                    stored = None if data is None else spec.prototype.buffer.from_bytes(data)
-                    held_chunk.written.append((held_chunk.path, stored))
+                    held_chunk.written.append((held_chunk.path, data))
             return [item for n in group for item in held[n].written]
 
         groups = await _by_shard(store, chunks)
-        ahead: asyncio.Future[list[tuple[str, Buffer | None]]] | None
+        ahead: asyncio.Future[list[tuple[str, Buffer | bytes | None]]] | None
         ahead = asyncio.ensure_future(encoded(groups[0]))
         try:
             for i in range(len(groups)):
@@ -391,14 +391,15 @@ def _in_sharding_store(chunks: Sequence[ChunkInfo]) -> bool:
 
 async def _by_shard(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> list[list[int]]:
     """Positions in ``chunks``, grouped so that each group holds every chunk of at
-    most ``fetch_concurrency`` shards, in the order they are first met (a chunk
-    stored unsharded counts as a shard of its own)."""
+    most half ``fetch_concurrency`` shards, in the order they are first met (a chunk
+    stored unsharded counts as a shard of its own): with one group read or encoded
+    ahead, ``fetch_concurrency`` shards at most are held at once."""
     internals = store.internals
     by_shard: dict[str, list[int]] = {}
     for n, (getter, *_) in enumerate(chunks):
         by_shard.setdefault(await internals.shard_key_of(getter.path) or getter.path, []).append(n)
     members = list(by_shard.values())
-    size = internals.fetch_concurrency
+    size = max(1, internals.fetch_concurrency // 2)
     return [[n for shard in members[i : i + size] for n in shard] for i in range(0, len(members), size)]
 
 

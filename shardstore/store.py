@@ -367,27 +367,32 @@ class ShardingStore(Store):
         else:
             await self._inner.set(key, data)
 
-    async def set_many(self, values: Iterable[tuple[str, Buffer | None]]) -> None:
+    async def set_many(self, values: Iterable[tuple[str, Buffer | bytes | None]]) -> None:
         """Whole new values of several keys (None: delete), each shard's chunks merged
         into one commit, the shards committed concurrently; done when all are durable.
 
         zarr's own writes reach a store one chunk at a time, so a shard is
         rewritten once per burst; a caller holding many chunks at once (such as
         :class:`~shardstore.pipeline.ShardAwarePipeline`) writes each shard once,
-        and a shard whose chunks are all given is written without reading it."""
+        and a shard whose chunks are all given is written without reading it.
+        Values may be ``bytes`` as well as zarr Buffers (no copy is made of them)."""
         self._check_writable()
         by_shard: UpdatesByShard = {}
         chunks: dict[str, bytes | None] = {}
         others: list[tuple[str, Buffer | None]] = []
         for key, value in values:
             check_key(key)
-            if value is not None and not isinstance(value, Buffer):
-                raise TypeError(f"ShardingStore.set_many(): the value of {key!r} must be a Buffer or None")
+            if value is not None and not isinstance(value, Buffer | bytes):
+                raise TypeError(
+                    f"ShardingStore.set_many(): the value of {key!r} must be a Buffer, bytes or None"
+                )
             where = await self._router.route(key, writing=value is not None)
             if isinstance(where, ChunkAddress):
-                chunks[key] = None if value is None else value.to_bytes()
+                chunks[key] = value.to_bytes() if isinstance(value, Buffer) else value
                 add_update(by_shard, where, chunks[key])
             elif where != "absent":
+                if isinstance(value, bytes):
+                    value = default_buffer_prototype().buffer.from_bytes(value)
                 others.append((key, value))
         try:
             await asyncio.gather(

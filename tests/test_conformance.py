@@ -141,6 +141,59 @@ class TestOverObstore(_Base):
         return {"inner": inner, "chunks_per_shard": (2, 2)}
 
 
+@pytest.fixture(scope="module")
+def gcs_server() -> Any:
+    """gcp-storage-emulator behind the precondition proxy on 127.0.0.1 (this module's GCS class)."""
+    from shardstore.testing.gcs import local_gcs
+
+    with local_gcs() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def azure_server() -> Any:
+    """azurite behind the counting proxy on 127.0.0.1 (this module's Azure classes)."""
+    from shardstore.testing.azure import local_azure
+
+    with local_azure() as server:
+        yield server
+
+
+class TestOverGCS(_Base):
+    """gcsfs (generation-conditional writes) against gcp-storage-emulator."""
+
+    @pytest.fixture
+    def store_kwargs(self, gcs_server: Any, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "inner": gcs_server.url(f"conformance/{tmp_path.name}"),
+            "storage_options": gcs_server.storage_options,
+            "chunks_per_shard": (2, 2),
+        }
+
+
+class TestOverAzure(_Base):
+    """adlfs (ETag-conditional writes through the Azure SDK) against azurite."""
+
+    @pytest.fixture
+    def store_kwargs(self, azure_server: Any, tmp_path: Path) -> dict[str, Any]:
+        return {
+            "inner": azure_server.url(f"conformance/{tmp_path.name}"),
+            "storage_options": azure_server.storage_options,
+            "chunks_per_shard": (2, 2),
+        }
+
+
+class TestOverObstoreAzure(_Base):
+    """obstore's Azure client against azurite."""
+
+    @pytest.fixture
+    def store_kwargs(self, azure_server: Any, tmp_path: Path) -> dict[str, Any]:
+        from shardstore.inner import ObstoreInner
+
+        url = azure_server.url(f"obstore/{tmp_path.name}")
+        return {"inner": ObstoreInner.from_url(url, azure_server.obstore_options), "chunks_per_shard": (2, 2)}
+
+
 class TestChunkKeysInsideShards:
     """The suite's key shapes again, but as chunk keys of real sharded arrays."""
 

@@ -75,8 +75,10 @@ def test_a_partial_write_reads_the_chunks_it_covers_in_part_once(tmp_path: Path)
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
 
 
-@pytest.mark.parametrize("concurrency", [1, 3, 32])
-def test_a_whole_read_fetches_fetch_concurrency_shards_per_batch(tmp_path: Path, concurrency: int) -> None:
+@pytest.mark.parametrize("concurrency", [1, 3, 4, 32])
+def test_a_whole_read_fetches_half_fetch_concurrency_shards_per_batch(tmp_path: Path, concurrency: int) -> None:
+    """Half: the next batch is read while this one decodes, so that at most
+    ``fetch_concurrency`` shards are held at once."""
     store, _ = _counted(tmp_path)
     data = sample((64, 64), "f4")
     zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
@@ -86,7 +88,7 @@ def test_a_whole_read_fetches_fetch_concurrency_shards_per_batch(tmp_path: Path,
         inner.counts.reset()
         np.testing.assert_array_equal(arr[:], data)
     shards = 4
-    assert inner.counts.read_batches == -(-shards // concurrency)
+    assert inner.counts.read_batches == -(-shards // max(1, concurrency // 2))
     assert inner.counts.reads == shards  # each shard once (whole: the read wants all of it)
 
 
@@ -377,3 +379,35 @@ def test_xarray_reads_through_the_default_pipeline(tmp_path: Path) -> None:
             batches[path] = inner.counts.read_batches
     # the same metadata reads; then the 16 shards in one batch, not zarr's rounds of 10 chunks
     assert batches[PIPELINE_PATH] <= batches[ZARR_PIPELINE] - 10, batches
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_whole_read_and_write_hold_at_most_fetch_concurrency_shards(tmp_path: Path) -> None:
+    """Peak memory (as tracemalloc sees numpy's and Python's allocations) of a whole read
+    is the output plus ``fetch_concurrency`` shards, and of a whole write the encoded
+    shards of ``fetch_concurrency`` at most: never the whole array's shards at once.
+    (The shard cache is a budget of its own, ``shard_cache_bytes``: off here.)"""
+    import tracemalloc
+
+    shard_nbytes = 128 * 128 * 4  # 2 x 2 chunks of 64 x 64 float32, uncompressed
+    store = ShardingStore(str(tmp_path / "s"), (2, 2), fetch_concurrency=4)
+    data = sample((1024, 1024), "f4")  # 64 shards, 4 MiB
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(64, 64), dtype="f4", compressors=None)
+    slack = 2**19  # per-chunk bookkeeping (zarr's and ours, ~1 KiB a chunk), chunks in flight
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        arr[:] = data
+        wrote = tracemalloc.get_traced_memory()[1] - before
+        uncached = ShardingStore(str(tmp_path / "s"), (2, 2), fetch_concurrency=4, shard_cache_bytes=0)
+        reader = zarr.open_array(uncached, path="a")
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        got = reader[:]
+        read = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, data)
+    assert wrote <= 4 * shard_nbytes + slack, wrote
+    assert read <= data.nbytes + 4 * shard_nbytes + slack, read

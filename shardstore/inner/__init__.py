@@ -21,6 +21,7 @@ from fsspec.mapping import FSMap
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
+from shardstore.inner.azure import AzureInner, is_azure
 from shardstore.inner.base import (
     STALE,
     UNCHANGED,
@@ -31,6 +32,7 @@ from shardstore.inner.base import (
     slice_range,
 )
 from shardstore.inner.fsspec_fs import FsspecInner
+from shardstore.inner.gcs import GCSInner, is_gcs
 from shardstore.inner.local import LocalInner
 from shardstore.inner.s3 import S3Inner, is_s3
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
@@ -92,4 +94,8 @@ def _from_fs(fs: fsspec.AbstractFileSystem, root: str) -> InnerStore:
         return LocalInner(root)
     if is_s3(fs):
         return S3Inner(fs, root)
+    if is_gcs(fs):
+        return GCSInner(fs, root)
+    if is_azure(fs):
+        return AzureInner(fs, root)
     return FsspecInner(fs, root)

@@ -9,8 +9,8 @@ import inspect
 import json
 import threading
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -20,6 +20,8 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from shardstore import sync_bridge
 from shardstore.errors import ConcurrentWriterWarning
 from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range
+
+T = TypeVar("T")
 
 _HOME = "_shardstore_home_loop"
 """Attribute of an async file system instance: the event loop its sessions belong to."""
@@ -224,6 +226,34 @@ class FsspecInner(InnerStore):
         names = sorted({self.fs._strip_protocol(p).rstrip("/").rpartition("/")[2] for p in paths})
         for name in names:
             yield name
+
+
+_IN_FLIGHT = 64
+"""Requests of one batch in flight at once (as s3fs bounds its own ``cat_ranges``)."""
+
+
+async def bounded(requests: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of ``requests``, at most ``_IN_FLIGHT`` of them under way at once."""
+    gate = asyncio.Semaphore(_IN_FLIGHT)
+
+    async def gated(request: Awaitable[T]) -> T:
+        async with gate:
+            return await request
+
+    return list(await asyncio.gather(*(gated(r) for r in requests)))
+
+
+def http_range(byte_range: ByteRequest | None) -> str | None:
+    """The HTTP ``Range`` header asking for ``byte_range`` (None: the whole object)."""
+    if byte_range is None:
+        return None
+    if isinstance(byte_range, RangeByteRequest):
+        return f"bytes={byte_range.start}-{byte_range.end - 1}"
+    if isinstance(byte_range, OffsetByteRequest):
+        return f"bytes={byte_range.offset}-"
+    if isinstance(byte_range, SuffixByteRequest):
+        return f"bytes=-{byte_range.suffix}"
+    raise TypeError(f"Unexpected byte_range, got {byte_range}")
 
 
 def past_the_end(exc: BaseException) -> bool:

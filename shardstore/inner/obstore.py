@@ -49,8 +49,7 @@ from shardstore.inner.base import (
     failure,
     slice_range,
 )
-from shardstore.inner.fsspec_fs import past_the_end
-from shardstore.inner.s3 import _bounded
+from shardstore.inner.fsspec_fs import bounded, past_the_end
 
 if TYPE_CHECKING:
     from obstore import GetOptions, ObjectMeta, PutMode
@@ -210,19 +209,19 @@ class ObstoreInner(InnerStore):
         return value
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        return [v for v, _ in await _bounded(self._get_tagged(k, r, None) for k, r in requests)]
+        return [v for v, _ in await bounded(self._get_tagged(k, r, None) for k, r in requests)]
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
         """Concurrent GETs that return each object's ETag and carry ``If-Match`` where a
         version is expected (refused: ``STALE``, nothing read)."""
-        return await _bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
+        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]
     ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await _bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
+        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
 
     async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
         return await self._get_tagged(key, None, None)

@@ -11,31 +11,18 @@ was replaced since. Every other operation is plain fsspec.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, TypeVar
 
 import fsspec
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.abc.store import ByteRequest
 
 from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
-from shardstore.inner.fsspec_fs import FsspecInner, past_the_end
+from shardstore.inner.fsspec_fs import FsspecInner, bounded, http_range, past_the_end
 
 __all__ = ["S3Inner", "is_s3"]
 
 T = TypeVar("T")
-
-
-def _range_header(byte_range: ByteRequest | None) -> str | None:
-    if byte_range is None:
-        return None
-    if isinstance(byte_range, RangeByteRequest):
-        return f"bytes={byte_range.start}-{byte_range.end - 1}"
-    if isinstance(byte_range, OffsetByteRequest):
-        return f"bytes={byte_range.offset}-"
-    if isinstance(byte_range, SuffixByteRequest):
-        return f"bytes=-{byte_range.suffix}"
-    raise TypeError(f"Unexpected byte_range, got {byte_range}")
 
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
@@ -55,20 +42,6 @@ def _is_conflict(exc: BaseException) -> bool:
     return _status(exc) in (409, 412)
 
 
-_IN_FLIGHT = 64
-"""GETs of one batch in flight at once (as s3fs bounds its own ``cat_ranges``)."""
-
-
-async def _bounded(reads: Iterable[Awaitable[T]]) -> list[T]:
-    gate = asyncio.Semaphore(_IN_FLIGHT)
-
-    async def gated(read: Awaitable[T]) -> T:
-        async with gate:
-            return await read
-
-    return list(await asyncio.gather(*(gated(r) for r in reads)))
-
-
 class S3Inner(FsspecInner):
     """The S3 bucket path ``root`` through the s3fs file system ``fs``, with
     conditional writes and version-checked range reads."""
@@ -86,12 +59,12 @@ class S3Inner(FsspecInner):
         and carry ``If-Match`` where a version is expected: a chunk range located by
         an index read earlier is refused (STALE) if the shard was replaced since,
         rather than read from the new object."""
-        return await _bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
+        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]
     ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await _bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
+        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
@@ -102,7 +75,7 @@ class S3Inner(FsspecInner):
         kwargs: dict[str, Any] = {} if expected is None else {"IfMatch": expected}
         if unless is not None:
             kwargs["IfNoneMatch"] = unless
-        header = _range_header(byte_range)
+        header = http_range(byte_range)
         if header is not None:
             kwargs["Range"] = header
 

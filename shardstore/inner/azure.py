@@ -1,0 +1,161 @@
+"""Azure Blob Storage (adlfs): ETag-conditional writes and reads, so several
+processes may write one shard.
+
+A read for an update returns the blob's ETag with its bytes (one download); the
+write carries ``If-Match`` on it (``If-None-Match: *`` for a new blob), and so
+does a delete. If another writer got there first Azure answers 412 (409 for a
+blob that now exists) and the update is re-read and re-applied
+(:meth:`InnerStore.update`). Range reads of chunks carry ``If-Match`` on the
+ETag their index was read with, and a cached shard is asked for again with
+``If-None-Match`` (304 when unchanged). These go through the Azure SDK client
+adlfs holds (``service_client``); every other operation is plain adlfs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import fsspec
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
+from shardstore.inner.fsspec_fs import FsspecInner, bounded
+
+__all__ = ["AzureInner", "is_azure"]
+
+
+def is_azure(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return bool({"az", "abfs", "abfss"} & set(protocols)) and hasattr(fs, "service_client")
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status_code", None)
+
+
+class AzureInner(FsspecInner):
+    """The Azure container path ``root`` through the adlfs file system ``fs``, with
+    ETag-conditional writes and deletes and ETag-checked range reads."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        super().__init__(fs, root)
+        self.capabilities = Capabilities(
+            remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
+        )
+
+    def _blob(self, fs: Any, key: str) -> Any:
+        container, name, _ = fs.split_path(self._path(key))
+        return fs.service_client.get_blob_client(container, name)
+
+    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
+        """Through the SDK as well: adlfs asks an empty blob for byte 0 and fails (416)."""
+        value, _ = await self._get_tagged(key, byte_range, None)
+        return value
+
+    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        return [v for v, _ in await bounded(self._get_tagged(k, r, None) for k, r in requests)]
+
+    async def get_many_versioned(
+        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        """Concurrent downloads that return each blob's ETag, and carry ``If-Match``
+        where one is expected (refused: STALE)."""
+        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
+
+    async def get_many_if_modified(
+        self, requests: Sequence[tuple[str, Hashable]]
+    ) -> list[tuple[bytes | None, Hashable | None]]:
+        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
+
+    async def _get_tagged(
+        self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
+    ) -> tuple[bytes | None, Hashable | None]:
+        """One download with the blob's ETag; ``If-Match: expected`` (refused: STALE) or
+        ``If-None-Match: unless`` (unchanged: NOT_MODIFIED). A suffix range asks for the
+        blob's size first (Azure ranges have a start), under the same condition."""
+        from azure.core import MatchConditions
+
+        async def read(fs: Any) -> tuple[bytes | None, Hashable | None]:
+            blob = self._blob(fs, key)
+            condition: dict[str, Any] = {}
+            if expected is not None:
+                condition = {"etag": expected, "match_condition": MatchConditions.IfNotModified}
+            elif unless is not None:
+                condition = {"etag": unless, "match_condition": MatchConditions.IfModified}
+            try:
+                offset, length = await _limits(blob, byte_range, condition)
+                if length == 0:
+                    return b"", expected
+                stream = await blob.download_blob(offset=offset, length=length, **condition)
+                return bytes(await stream.readall()), stream.properties.etag
+            except Exception as exc:  # the SDK's errors, told apart by their status
+                status = _status(exc)
+                if status == 404:
+                    return None, None
+                if status == 304 and unless is not None:
+                    return NOT_MODIFIED, unless
+                if status == 412 and expected is not None:
+                    return STALE, None
+                if status == 416:  # a range that starts past the end: no bytes
+                    return b"", None
+                raise
+
+        with failure("read", key):
+            result: tuple[bytes | None, Hashable | None] = await self._on_home_loop(read)
+            return result
+
+    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
+        return await self._get_tagged(key, None, None)
+
+    async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+        async def write(fs: Any) -> bool:
+            blob = self._blob(fs, key)
+            try:
+                if value is None:
+                    if version is ANY_VERSION:
+                        await blob.delete_blob()
+                    else:
+                        await blob.delete_blob(etag=version, match_condition=MatchConditions.IfNotModified)
+                elif version is ANY_VERSION:
+                    await blob.upload_blob(value, overwrite=True)
+                elif version is None:
+                    await blob.upload_blob(value, overwrite=False)  # If-None-Match: *
+                else:
+                    await blob.upload_blob(
+                        value, overwrite=True, etag=version, match_condition=MatchConditions.IfNotModified
+                    )
+            except ResourceNotFoundError:
+                if value is not None:
+                    raise
+                return version is ANY_VERSION  # gone already: only an unconditional delete is done
+            except (ResourceModifiedError, ResourceExistsError):  # another writer got there first
+                if version is ANY_VERSION:
+                    raise
+                return False
+            finally:
+                fs.invalidate_cache(self._path(key))
+            return True
+
+        with failure("write" if value is not None else "delete", key):
+            done: bool = await self._on_home_loop(write)
+            return done
+
+
+async def _limits(
+    blob: Any, byte_range: ByteRequest | None, condition: dict[str, Any]
+) -> tuple[int, int | None]:
+    """(offset, length) of a byte request on a blob (length None: to the end)."""
+    if byte_range is None:
+        return 0, None
+    if isinstance(byte_range, RangeByteRequest):
+        return byte_range.start, max(byte_range.end - byte_range.start, 0)
+    if isinstance(byte_range, OffsetByteRequest):
+        return byte_range.offset, None
+    if isinstance(byte_range, SuffixByteRequest):
+        size = (await blob.get_blob_properties(**condition)).size
+        return max(size - byte_range.suffix, 0), min(byte_range.suffix, size)
+    raise TypeError(f"Unexpected byte_range, got {byte_range}")
