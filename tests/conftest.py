@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,10 @@ import zarr
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
 from shardstore import ShardingStore
+
+# gcsfs 2026 asks a bucket's type over gRPC first and waits 60 s a call for the GCS
+# emulator, which has none; set before gcsfs is imported, inherited by spawned writers
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 InnerFactory = Callable[[Path], Any]
 

@@ -76,7 +76,7 @@ def test_a_partial_write_reads_the_chunks_it_covers_in_part_once(tmp_path: Path)
 
 
 @pytest.mark.parametrize("concurrency", [1, 3, 4, 32])
-def test_a_whole_read_fetches_half_fetch_concurrency_shards_per_batch(tmp_path: Path, concurrency: int) -> None:
+def test_a_whole_read_reads_half_fetch_concurrency_shards_a_batch(tmp_path: Path, concurrency: int) -> None:
     """Half: the next batch is read while this one decodes, so that at most
     ``fetch_concurrency`` shards are held at once."""
     store, _ = _counted(tmp_path)
