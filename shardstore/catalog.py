@@ -8,7 +8,6 @@ in the inner store. Entries are dropped when their documents are deleted.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from shardstore.metadata import (
     draft_document_key,
     load_document,
 )
+from shardstore.tasks import gather
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress
@@ -164,5 +164,5 @@ class ArrayCatalog:
         """The sharded array whose directory holds or is ``prefix``, if any."""
         parts = prefix.split("/")[:-1] if prefix else []
         paths = ["", *("/".join(parts[: i + 1]) for i in range(len(parts)))]
-        infos = await asyncio.gather(*(self.lookup(p) for p in paths))
+        infos = await gather(*(self.lookup(p) for p in paths))
         return next((i for i in infos if i is not None and i.shard_format is not None), None)

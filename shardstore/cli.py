@@ -12,7 +12,6 @@ of ``.shard`` files with ``--sharding '<json>'`` (or ``--sharding @file.json``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -25,6 +24,7 @@ from typing import Any, NoReturn
 
 from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
 from shardstore.metadata import ROOT_DOCUMENTS
+from shardstore.tasks import gather
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     store = _opened(lambda: ShardingStore(args.url, storage_options=args.storage_options, **kwargs), args.url)
 
     async def root_found() -> bool:
-        return any(await asyncio.gather(*(store.exists(name) for name in ROOT_DOCUMENTS)))
+        return any(await gather(*(store.exists(name) for name in ROOT_DOCUMENTS)))
 
     try:
         found = sync_bridge.run(root_found())
@@ -562,6 +562,7 @@ def _rectilinear_grids_readable() -> contextlib.AbstractContextManager[object]:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; the exit status (see :data:`EXIT_STATUS`)."""
     args = _parser().parse_args(argv)
+    _quiet_libraries()
     if args.command == "demo":
         from shardstore.demo import run_demo
 
@@ -592,6 +593,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         warnings.simplefilter("ignore")
         return _failed(args.command, "interrupted", 130)
+
+
+def _quiet_libraries() -> None:
+    """Client libraries log their retries and give-ups (gcsfs: "_request out of retries",
+    with a traceback); unless the program set up logging, Python prints those on
+    stderr, around the one line that says what failed. A handler that drops them
+    keeps stderr to that line; configured logging (``logging.basicConfig``) sees all."""
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
 
 
 def _failed(command: str, message: str, code: int = 2) -> int:

@@ -57,6 +57,7 @@ from shardstore.metadata import (
     ArrayInfo,
     load_document,
 )
+from shardstore.tasks import gather
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -207,7 +208,7 @@ async def _objects(store: ShardingStore) -> _Objects:
     sizes: dict[str, int] = {}
     for start in range(0, len(keys), _SIZE_BATCH):
         part = keys[start : start + _SIZE_BATCH]
-        found = await asyncio.gather(*(store.internals.raw.getsize(k) for k in part))
+        found = await gather(*(store.internals.raw.getsize(k) for k in part))
         sizes.update((k, n) for k, n in zip(part, found, strict=True) if n is not None)
     return _Objects(shards, plain, sizes)
 
@@ -316,7 +317,7 @@ async def _check_resumable(
     these options: one of its documents is not the one this conversion writes, or it
     holds chunks without every array document (those are written first)."""
     present = [k for k in found.plain if _is_metadata(k)]
-    raws = await asyncio.gather(*(dst.internals.raw.get(k) for k in present))
+    raws = await gather(*(dst.internals.raw.get(k) for k in present))
     differing = [k for k, raw in zip(present, raws, strict=True) if written.get(k) != raw]
     chunks_there = found.shards or len(present) < len(found.plain)
     missing = [k for k in arrays if k not in present] if chunks_there else []
@@ -385,7 +386,7 @@ async def _copy_unit_async(src: ShardingStore, dst: ShardingStore, unit: Unit) -
         await dst.internals.raw.delete(unit.name)
     copied = [(k, v) for k, v in zip(unit.keys, values, strict=True) if v is not None]
     async with dst.batch():
-        await asyncio.gather(*(dst.set(k, v) for k, v in copied))
+        await gather(*(dst.set(k, v) for k, v in copied))
     return len(copied), sum(len(v) for _, v in copied)
 
 
@@ -525,7 +526,7 @@ def convert(
     there = set(found.plain)
 
     async def write_documents(keys: list[str]) -> None:
-        await asyncio.gather(*(dst.internals.metadata_written(k, written[k]) for k in keys if k not in there))
+        await gather(*(dst.internals.metadata_written(k, written[k]) for k in keys if k not in there))
 
     sync(write_documents(arrays))
     total = sum(u.nbytes for u in pending)

@@ -20,6 +20,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zarr.core.buffer import default_buffer_prototype
 
 from shardstore.store import ShardingStore
+from shardstore.tasks import gather
 
 __all__ = ["ShardFileSystem"]
 
@@ -138,7 +139,7 @@ class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
         full = [prefix + n for n in names]
         if not detail:
             return full
-        return list(await asyncio.gather(*(self._info(f) for f in full)))
+        return list(await gather(*(self._info(f) for f in full)))
 
     async def _find(
         self,
@@ -154,7 +155,7 @@ class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
             keys = [k for k in keys if k.count("/") - depth < maxdepth]
         if not detail:
             return keys
-        sizes = await asyncio.gather(*(self.store.getsize(k) for k in keys))
+        sizes = await gather(*(self.store.getsize(k) for k in keys))
         return {k: {"name": k, "type": "file", "size": size} for k, size in zip(keys, sizes, strict=True)}
 
     async def _makedirs(self, path: str, exist_ok: bool = False) -> None:

@@ -40,6 +40,7 @@ from shardstore.formats.precomputed import (
 from shardstore.inner import InnerStore
 from shardstore.inner.base import STALE
 from shardstore.metadata import ArrayInfo
+from shardstore.tasks import gather
 
 __all__ = ["Migration", "delete_old", "migrate", "shard_keys"]
 
@@ -166,7 +167,7 @@ async def delete_old(
 
 async def _discard(inner: InnerStore, prefix: str) -> None:
     """Remove what an abandoned copy wrote."""
-    await asyncio.gather(*[inner.delete(k) async for k in inner.list_prefix(prefix)])
+    await gather(*[inner.delete(k) async for k in inner.list_prefix(prefix)])
 
 
 async def shard_keys(inner: InnerStore, info: ArrayInfo) -> list[str]:
@@ -254,7 +255,7 @@ async def _write_group(
         data[piece.new_id] = value
     keys = [prefix + shard_file_name(target, n) for n in group]
     shards = [target.build({p.new_id: data[p.new_id] for p in members}) for members in group.values()]
-    await asyncio.gather(*(inner.set(k, blob) for k, blob in zip(keys, shards, strict=True)))
+    await gather(*(inner.set(k, blob) for k, blob in zip(keys, shards, strict=True)))
     return keys
 
 

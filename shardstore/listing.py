@@ -3,7 +3,6 @@ present in its shards' indices, so listings read indices, never shard bodies."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -12,6 +11,7 @@ from shardstore.catalog import ArrayCatalog
 from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.inner import InnerStore
 from shardstore.reading.reader import ShardReader
+from shardstore.tasks import gather
 
 __all__ = ["Scanned", "ShardLister", "as_dir"]
 
@@ -107,7 +107,7 @@ class ShardLister:
 
     async def size_under(self, prefix: str) -> int:
         found = await self.scan(prefix)
-        total = sum(s or 0 for s in await asyncio.gather(*(self._inner.getsize(k) for k in found.plain)))
+        total = sum(s or 0 for s in await gather(*(self._inner.getsize(k) for k in found.plain)))
         async for _, nbytes in self.chunks_in(found.shards, prefix):
             total += nbytes
         return total

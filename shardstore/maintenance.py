@@ -13,7 +13,6 @@ every shard, where reads stop at the first.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
@@ -50,6 +49,7 @@ from shardstore.inner import InnerStore, adapt
 from shardstore.keys import join_path
 from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, Layout, load_document
 from shardstore.precomputed_store import PrecomputedShardedStore
+from shardstore.tasks import gather
 from shardstore.writing.writer import WriteStrategy
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ async def _sizes(inner: InnerStore, keys: list[str]) -> int:
     """The total size of the objects ``keys`` (gone ones count 0)."""
     total = 0
     for start in range(0, len(keys), _SIZE_BATCH):
-        found = await asyncio.gather(*(inner.getsize(k) for k in keys[start : start + _SIZE_BATCH]))
+        found = await gather(*(inner.getsize(k) for k in keys[start : start + _SIZE_BATCH]))
         total += sum(n for n in found if n is not None)
     return total
 
@@ -154,7 +154,7 @@ async def _read_indices(store: ShardingStore, shards: list[ShardAddress]) -> lis
     try:
         return list(await store.internals.read_indices(shards))
     except ShardFormatError:
-        return list(await asyncio.gather(*(_read_index(store, s) for s in shards)))
+        return list(await gather(*(_read_index(store, s) for s in shards)))
 
 
 async def _read_index(store: ShardingStore, shard: ShardAddress) -> _Read:
@@ -177,7 +177,7 @@ async def _survey(store: ShardingStore, shards: list[ShardAddress]) -> list[_Sur
     # Sizes after indices: a concurrent append then only adds dead bytes, never a
     # range past the size read.
     indices = await _read_indices(store, shards)
-    sizes = await asyncio.gather(*(store.internals.raw.getsize(s.key) for s in shards))
+    sizes = await gather(*(store.internals.raw.getsize(s.key) for s in shards))
     return [
         _surveyed(s, index, size)
         for s, index, size in zip(shards, indices, sizes, strict=True)
@@ -256,7 +256,7 @@ async def compact_async(
         if progress is not None:
             progress("shards", done, total)
 
-    await asyncio.gather(*(rewrite(s) for s in doomed))
+    await gather(*(rewrite(s) for s in doomed))
     return [s.report for s in doomed] + [s.report for s in surveyed if s.index is None]
 
 
@@ -345,7 +345,7 @@ async def _array_report(
     """``chunk_keys``: the array's chunk objects, if it is unsharded; ``appends``:
     whether the store would append to shards that can take it."""
     fmt = info.shard_format
-    objects = await asyncio.gather(*(store.getsize(k) for k in chunk_keys))
+    objects = await gather(*(store.getsize(k) for k in chunk_keys))
     return ArrayReport(
         path=info.path,
         sharded=fmt is not None,
@@ -488,7 +488,7 @@ async def _check_shards(
     done = 0
     for start in range(0, len(shards), _VERIFY_BATCH):
         batch = shards[start : start + _VERIFY_BATCH]
-        checked = await asyncio.gather(
+        checked = await gather(
             *(_check_shard(store, s, sizes[s.info.path], s.key in journaled) for s in batch)
         )
         for shard, (problems, keys, nbytes) in zip(batch, checked, strict=True):
@@ -561,7 +561,7 @@ async def _undecodable(
             failed[info.path or "/"] = arr
         else:
             where = "" if shard is None else f" (stored in shard {shard!r})"
-            found = await asyncio.gather(*(_decode_chunk(arr, info, key, where) for key in keys))
+            found = await gather(*(_decode_chunk(arr, info, key, where) for key in keys))
             failed.update(f for f in found if f is not None)
         done += nbytes
         if progress is not None:
@@ -848,7 +848,7 @@ async def _survey_scale(scale: PrecomputedScale) -> list[_PrecomputedShard]:
     found: list[_PrecomputedShard | None] = []
     for start in range(0, len(names), _PRECOMPUTED_BATCH):
         batch = names[start : start + _PRECOMPUTED_BATCH]
-        found.extend(await asyncio.gather(*(_surveyed_shard(scale, n) for n in batch)))
+        found.extend(await gather(*(_surveyed_shard(scale, n) for n in batch)))
     return [s for s in found if s is not None]
 
 
@@ -858,7 +858,7 @@ async def _unsharded_chunks(scale: PrecomputedScale) -> dict[str, int]:
     sizes: list[int | None] = []
     for start in range(0, len(names), _PRECOMPUTED_BATCH):
         batch = names[start : start + _PRECOMPUTED_BATCH]
-        sizes.extend(await asyncio.gather(*(scale.inner.getsize(n) for n in batch)))
+        sizes.extend(await gather(*(scale.inner.getsize(n) for n in batch)))
     return {n: s for n, s in zip(names, sizes, strict=True) if s is not None}
 
 
@@ -975,7 +975,7 @@ async def verify_precomputed_async(
             total += await _sizes(scale.inner, [name for s, name in todo if s is scale])
     for start in range(0, len(todo), _VERIFY_BATCH):
         batch = todo[start : start + _VERIFY_BATCH]
-        blobs = await asyncio.gather(*(scale.inner.get(name) for scale, name in batch))
+        blobs = await gather(*(scale.inner.get(name) for scale, name in batch))
         for (scale, name), blob in zip(batch, blobs, strict=True):
             assert scale.store is not None
             key = scale.key(name)

@@ -11,7 +11,6 @@ Every document read or written feeds the catalog.
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -43,6 +42,7 @@ from shardstore.metadata import (
     load_document,
     present_document,
 )
+from shardstore.tasks import gather
 
 __all__ = ["MetadataGateway", "Renumbering"]
 
@@ -99,7 +99,7 @@ class MetadataGateway:
         return slice_range(raw, byte_range)
 
     async def get_many(self, requests: list[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+        return list(await gather(*(self.get(k, r) for k, r in requests)))
 
     async def set(self, key: str, raw: bytes) -> None:
         """Write a metadata document, recording (or keeping) the array's sharding config."""
@@ -119,9 +119,7 @@ class MetadataGateway:
                     inject_sharding(doc, *decided)
                     changed = True
             children = consolidated_arrays(name, doc)
-            infos = await asyncio.gather(
-                *(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children)
-            )
+            infos = await gather(*(self._catalog.lookup(f"{path}/{rel}".strip("/")) for rel in children))
             for child, info in zip(children.values(), infos, strict=True):
                 if info is not None and info.shard_format is not None:
                     inject_sharding(child, info.shard_format, info.form)

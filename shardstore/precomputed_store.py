@@ -14,7 +14,6 @@ and conditional writes as the indexed format.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Mapping, MutableMapping
@@ -38,6 +37,7 @@ from shardstore.formats.precomputed import (
 from shardstore.inner import STALE, InnerStore, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges
+from shardstore.tasks import gather
 
 __all__ = ["PrecomputedShardedStore"]
 
@@ -333,7 +333,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             if value is not None and not isinstance(value, bytes | bytearray | memoryview):
                 raise TypeError(f"chunk {chunk_id}: values are bytes, not {type(value).__name__}")
             by_shard.setdefault(key, {})[int(chunk_id)] = None if value is None else bytes(value)
-        await asyncio.gather(*(self._rewrite(key, changes) for key, changes in by_shard.items()))
+        await gather(*(self._rewrite(key, changes) for key, changes in by_shard.items()))
 
     async def _rewrite(self, key: str, changes: dict[int, bytes | None]) -> None:
         def change(old: bytes | None) -> bytes | None:

@@ -9,7 +9,6 @@ read the indices so that they report exactly the chunks present.
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from typing import Any, Literal
@@ -40,6 +39,7 @@ from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.coalescing import ReadCoalescer
 from shardstore.reading.reader import ShardReader
 from shardstore.routing import KeyRouter
+from shardstore.tasks import gather
 from shardstore.writing.updates import Splice, UpdatesByShard, add_update, apply_updates
 from shardstore.writing.writer import DEFAULT_BATCH_BYTES, BatchScope, ShardWriter, WriteStrategy
 
@@ -277,7 +277,7 @@ class ShardingStore(Store):
             if kind != "absent"
         ]
         # the common case, one kind of key, needs no gather (and no tasks)
-        values = [await parts[0][1]] if len(parts) == 1 else await asyncio.gather(*(p for _, p in parts))
+        values = [await parts[0][1]] if len(parts) == 1 else await gather(*(p for _, p in parts))
         for (slots, _), part_values in zip(parts, values, strict=True):
             for slot, value in zip(slots, part_values, strict=True):
                 results[slot] = value
@@ -395,7 +395,7 @@ class ShardingStore(Store):
                     value = default_buffer_prototype().buffer.from_bytes(value)
                 others.append((key, value))
         try:
-            await asyncio.gather(
+            await gather(
                 self._writer.write_all(by_shard),
                 *(self.set(k, v) if v is not None else self.delete(k) for k, v in others),
             )
@@ -444,7 +444,7 @@ class ShardingStore(Store):
             elif where != "absent":
                 others.append(key)
         try:
-            await asyncio.gather(self._writer.write_all(by_shard), *(self._delete_object(k) for k in others))
+            await gather(self._writer.write_all(by_shard), *(self._delete_object(k) for k in others))
         except StaleArrayError:
             await self._write_rerouted(dict.fromkeys(chunks))
 
@@ -481,13 +481,13 @@ class ShardingStore(Store):
         async for chunk, _ in self._lister.chunks_in(partial, prefix):
             add_update(doomed, chunk, None)
         metadata = [k for k in found.plain if await self._router.route(k) == "metadata"]
-        await asyncio.gather(
+        await gather(
             self._writer.write_all(doomed),
             *(self._writer.delete_shard(k) for k in whole),
             *(self._delete_object(k) for k in found.plain + found.stale if k not in metadata),
         )
         # Metadata last: an interrupted erase never leaves shards without their array.
-        await asyncio.gather(*(self._delete_object(k) for k in metadata))
+        await gather(*(self._delete_object(k) for k in metadata))
 
     # -- listing -------------------------------------------------------------------
 

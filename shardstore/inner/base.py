@@ -16,6 +16,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.errors import InnerStoreError, ShardConflictError, ShardStoreError
 from shardstore.inner.locks import process_lock
+from shardstore.tasks import gather
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,37 @@ def is_temporary(name: str) -> bool:
 @contextlib.contextmanager
 def failure(op: str, key: str) -> Iterator[None]:
     """Turn a storage failure into an InnerStoreError naming the operation and key
-    (our own errors, a damaged shard met on the way say so themselves)."""
+    (our own errors, a damaged shard met on the way say so themselves).
+
+    Cancelling or closing a coroutine is no failure: ``CancelledError``,
+    ``GeneratorExit`` and ``KeyboardInterrupt`` pass through untouched, and so do
+    they when the client library, interrupted by one of them, raised something else
+    on the way out (aiohttp's "no running event loop" when an abandoned read is
+    closed after its loop ended): the interruption is raised, not a store error."""
     try:
         yield
     except ShardStoreError:
         raise
     except Exception as exc:
+        interrupted = _interruption(exc)
+        if interrupted is not None:
+            raise interrupted from None
         raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
+
+
+_INTERRUPTIONS = (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt)
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The cancellation or close that ``exc`` was raised while handling, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, _INTERRUPTIONS):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
 
 
 ChunkBytes: TypeAlias = bytes | memoryview
@@ -133,7 +158,7 @@ class InnerStore(ABC):
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
         """Several reads in one batch; adapters with a batched range API override this."""
-        return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+        return list(await gather(*(self.get(k, r) for k, r in requests)))
 
     @abstractmethod
     async def set(self, key: str, value: bytes) -> None: ...

@@ -19,7 +19,9 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore import sync_bridge
 from shardstore.errors import ConcurrentWriterWarning
+from shardstore.inner import sessions
 from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range
+from shardstore.tasks import gather
 
 T = TypeVar("T")
 
@@ -149,7 +151,7 @@ class FsspecInner(InnerStore):
                 retry.append(i)
             else:
                 out[i] = bytes(value)
-        again = await asyncio.gather(*(self.get(*requests[i]) for i in retry))
+        again = await gather(*(self.get(*requests[i]) for i in retry))
         for i, value in zip(retry, again, strict=True):
             out[i] = value
         return out
@@ -240,7 +242,7 @@ async def bounded(requests: Iterable[Awaitable[T]]) -> list[T]:
         async with gate:
             return await request
 
-    return list(await asyncio.gather(*(gated(r) for r in requests)))
+    return list(await gather(*(gated(r) for r in requests)))
 
 
 def http_range(byte_range: ByteRequest | None) -> str | None:
@@ -295,6 +297,8 @@ def _asynchronous_copy(
         spec["asynchronous"] = True
         if fresh:
             spec["skip_instance_cache"] = True
-        return fsspec.AbstractFileSystem.from_json(json.dumps(spec))
+        made = fsspec.AbstractFileSystem.from_json(json.dumps(spec))
     except Exception:  # not serialisable: use its sync API in threads instead
         return None
+    sessions.track(made, _HOME)  # closed on its own loop at exit, in silence
+    return made

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore, ZipStore
 
 from shardstore.errors import InnerStoreError
 from shardstore.inner.base import Capabilities, InnerStore, failure, names_under, slice_range
+from shardstore.tasks import gather
 
 
 class ZarrInner(InnerStore):
@@ -44,7 +44,7 @@ class ZarrInner(InnerStore):
         except InnerStoreError as exc:
             if not isinstance(exc.__cause__, FileNotFoundError):
                 raise
-            return list(await asyncio.gather(*(self.get(k, r) for k, r in requests)))
+            return list(await gather(*(self.get(k, r) for k, r in requests)))
         return [None if b is None else b.to_bytes() for b in bufs]
 
     async def set(self, key: str, value: bytes) -> None:

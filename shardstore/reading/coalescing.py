@@ -18,6 +18,8 @@ from typing import Any, TypeAlias
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
+from shardstore.tasks import gather
+
 __all__ = ["ReadCoalescer"]
 
 Fetch: TypeAlias = Callable[
@@ -70,7 +72,7 @@ class ReadCoalescer:
                 if not batch.futures[0].done():
                     batch.futures[0].set_exception(exc)
             else:  # isolate the failure: each read alone, each with its own outcome
-                await asyncio.gather(*(self._alone(batch, i) for i in range(len(batch.requests))))
+                await gather(*(self._alone(batch, i) for i in range(len(batch.requests))))
             return
         for future, value in zip(batch.futures, values, strict=True):
             if not future.done():

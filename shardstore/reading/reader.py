@@ -37,6 +37,7 @@ from shardstore.options import ReadPolicy
 from shardstore.precomputed_store import PrecomputedShardedStore
 from shardstore.reading.cache import IndexCache, IndexEntry, ShardCache, ShardSnapshot
 from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges, sub_range
+from shardstore.tasks import gather
 
 __all__ = ["ShardReader"]
 
@@ -154,7 +155,7 @@ class ShardReader:
             self._read_ranges(ranged, chunks, results) if ranged else None,
             self._read_chunk_ids(by_id, chunks, results) if by_id else None,
         ]
-        await asyncio.gather(*(r for r in rounds if r is not None))
+        await gather(*(r for r in rounds if r is not None))
         return results
 
     async def _read_chunk_ids(
@@ -177,7 +178,7 @@ class ShardReader:
             for i, value in zip(members, values, strict=True):
                 results[i] = None if value is None else slice_range(value, chunks[i][1])
 
-        await asyncio.gather(*(read(members) for members in arrays.values()))
+        await gather(*(read(members) for members in arrays.values()))
 
     def _id_store(self, shard: ShardAddress) -> PrecomputedShardedStore:
         """The key-value store over the directory of an array's chunk-id shards."""
@@ -451,7 +452,7 @@ class ShardReader:
         if not indexed and not whole:  # all cached: the common warm read, no task, no thread hop
             return found
         sent = time.monotonic()
-        raws, fetched = await asyncio.gather(
+        raws, fetched = await gather(
             self._inner.get_many_versioned(
                 [(s.key, fmt.index_request()) for s, fmt in indexed], [None] * len(indexed)
             )

@@ -35,6 +35,7 @@ from shardstore.formats.indexed import (
 )
 from shardstore.inner import ChunkBytes, InnerStore, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
+from shardstore.tasks import gather
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import (
@@ -165,7 +166,7 @@ class ShardWriter:
 
     async def write_all(self, by_shard: UpdatesByShard) -> None:
         """Updates to several shards, one commit each, concurrently."""
-        await asyncio.gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
+        await gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
 
     def pending(self, chunk: ChunkAddress) -> list[Update] | None:
         """Buffered updates to a chunk that are not in the inner store yet."""
