@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,3 +63,34 @@ def s3() -> Iterator[Any]:
 
     with local_s3() as server:
         yield server
+
+
+class _PendingTasks(logging.Handler):
+    """Collects asyncio's "Task was destroyed but it is pending!" (and its other
+    complaints about work left behind), which asyncio logs rather than raises."""
+
+    WORDS = ("Task was destroyed but it is pending", "was never retrieved", "Task exception was never")
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if any(word in message for word in self.WORDS):
+            self.found.append(message.splitlines()[0])
+
+
+@pytest.fixture(autouse=True)
+def _no_task_left_behind() -> Iterator[None]:
+    """Every test fails if asyncio reports a task it had to destroy pending, or an
+    exception no one retrieved, while it ran: every task shardstore starts ends
+    before the call that started it."""
+    guard = _PendingTasks()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(guard)
+    try:
+        yield  # (tasks a test drops are destroyed, and reported, as their last reference goes)
+    finally:
+        logger.removeHandler(guard)
+    assert not guard.found, f"asyncio found work left behind: {guard.found}"

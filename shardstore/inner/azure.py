@@ -13,14 +13,14 @@ adlfs holds (``service_client``); every other operation is plain adlfs.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any
 
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
-from shardstore.inner.fsspec_fs import FsspecInner, bounded
+from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, TaggedReadsOnly, failure
+from shardstore.inner.fsspec_fs import FsspecInner
 
 __all__ = ["AzureInner", "is_azure"]
 
@@ -34,39 +34,17 @@ def _status(exc: BaseException) -> int | None:
     return getattr(exc, "status_code", None)
 
 
-class AzureInner(FsspecInner):
+class AzureInner(TaggedReadsOnly, FsspecInner):
     """The Azure container path ``root`` through the adlfs file system ``fs``, with
     ETag-conditional writes and deletes and ETag-checked range reads."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = Capabilities(
-            remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
-        )
+        self.capabilities = CONDITIONAL
 
     def _blob(self, fs: Any, key: str) -> Any:
         container, name, _ = fs.split_path(self._path(key))
         return fs.service_client.get_blob_client(container, name)
-
-    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        """Through the SDK as well: adlfs asks an empty blob for byte 0 and fails (416)."""
-        value, _ = await self._get_tagged(key, byte_range, None)
-        return value
-
-    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        return [v for v, _ in await bounded(self._get_tagged(k, r, None) for k, r in requests)]
-
-    async def get_many_versioned(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        """Concurrent downloads that return each blob's ETag, and carry ``If-Match``
-        where one is expected (refused: STALE)."""
-        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
-
-    async def get_many_if_modified(
-        self, requests: Sequence[tuple[str, Hashable]]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
@@ -104,9 +82,6 @@ class AzureInner(FsspecInner):
         with failure("read", key):
             result: tuple[bytes | None, Hashable | None] = await self._on_home_loop(read)
             return result
-
-    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
-        return await self._get_tagged(key, None, None)
 
     async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
         from azure.core import MatchConditions

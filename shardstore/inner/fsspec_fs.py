@@ -9,7 +9,7 @@ import inspect
 import json
 import threading
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import fsspec
@@ -228,21 +228,6 @@ class FsspecInner(InnerStore):
         names = sorted({self.fs._strip_protocol(p).rstrip("/").rpartition("/")[2] for p in paths})
         for name in names:
             yield name
-
-
-_IN_FLIGHT = 64
-"""Requests of one batch in flight at once (as s3fs bounds its own ``cat_ranges``)."""
-
-
-async def bounded(requests: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of ``requests``, at most ``_IN_FLIGHT`` of them under way at once."""
-    gate = asyncio.Semaphore(_IN_FLIGHT)
-
-    async def gated(request: Awaitable[T]) -> T:
-        async with gate:
-            return await request
-
-    return list(await gather(*(gated(r) for r in requests)))
 
 
 def http_range(byte_range: ByteRequest | None) -> str | None:

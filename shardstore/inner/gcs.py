@@ -17,14 +17,14 @@ other operation is plain gcsfs.
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import fsspec
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
-from shardstore.inner.fsspec_fs import FsspecInner, bounded, http_range, past_the_end
+from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, VersionedReads, failure
+from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
 __all__ = ["GCSInner", "is_gcs"]
 
@@ -36,15 +36,13 @@ def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
     return bool({"gs", "gcs"} & set(protocols)) and hasattr(fs, "_request")
 
 
-class GCSInner(FsspecInner):
+class GCSInner(VersionedReads, FsspecInner):
     """The GCS bucket path ``root`` through the gcsfs file system ``fs``, with
     generation-conditional writes and deletes and generation-checked range reads."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = Capabilities(
-            remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
-        )
+        self.capabilities = CONDITIONAL
 
     async def _request(
         self,
@@ -79,18 +77,6 @@ class GCSInner(FsspecInner):
         except FileNotFoundError:
             return None
         return str(json.loads(body)["generation"])
-
-    async def get_many_versioned(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        """Concurrent downloads that return each object's generation, and carry
-        ``ifGenerationMatch`` where one is expected (refused: STALE)."""
-        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
-
-    async def get_many_if_modified(
-        self, requests: Sequence[tuple[str, Hashable]]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
 
     async def _get_tagged(
         self,
@@ -138,9 +124,6 @@ class GCSInner(FsspecInner):
                 return None, None
             return await self._get_tagged(key, byte_range, None, pinned=found)
         return body, str(generation)
-
-    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
-        return await self._get_tagged(key, None, None)
 
     async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
         bucket, name = self._object(key)

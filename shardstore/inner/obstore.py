@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -45,11 +45,11 @@ from shardstore.inner.base import (
     NOT_MODIFIED,
     STALE,
     Capabilities,
-    InnerStore,
+    TaggedReadsOnly,
     failure,
     slice_range,
 )
-from shardstore.inner.fsspec_fs import bounded, past_the_end
+from shardstore.inner.fsspec_fs import past_the_end
 
 if TYPE_CHECKING:
     from obstore import GetOptions, ObjectMeta, PutMode
@@ -150,7 +150,7 @@ _CLIENTS: dict[tuple[int, str, str], ObjectStore] = {}
 do not survive a fork), URL and options."""
 
 
-class ObstoreInner(InnerStore):
+class ObstoreInner(TaggedReadsOnly):
     """An obstore ``ObjectStore`` (its bucket and prefix), with conditional writes and
     version-checked range reads. Keys are paths below the store's prefix.
 
@@ -203,28 +203,6 @@ class ObstoreInner(InnerStore):
         return ("obstore", self.location)
 
     # -- reads ------------------------------------------------------------------
-
-    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        value, _ = await self._get_tagged(key, byte_range, None)
-        return value
-
-    async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        return [v for v, _ in await bounded(self._get_tagged(k, r, None) for k, r in requests)]
-
-    async def get_many_versioned(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        """Concurrent GETs that return each object's ETag and carry ``If-Match`` where a
-        version is expected (refused: ``STALE``, nothing read)."""
-        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
-
-    async def get_many_if_modified(
-        self, requests: Sequence[tuple[str, Hashable]]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
-
-    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
-        return await self._get_tagged(key, None, None)
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None

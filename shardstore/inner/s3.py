@@ -11,14 +11,14 @@ was replaced since. Every other operation is plain fsspec.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any, TypeVar
 
 import fsspec
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner.base import ANY_VERSION, NOT_MODIFIED, STALE, Capabilities, failure
-from shardstore.inner.fsspec_fs import FsspecInner, bounded, http_range, past_the_end
+from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, VersionedReads, failure
+from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
 __all__ = ["S3Inner", "is_s3"]
 
@@ -42,29 +42,13 @@ def _is_conflict(exc: BaseException) -> bool:
     return _status(exc) in (409, 412)
 
 
-class S3Inner(FsspecInner):
+class S3Inner(VersionedReads, FsspecInner):
     """The S3 bucket path ``root`` through the s3fs file system ``fs``, with
     conditional writes and version-checked range reads."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = Capabilities(
-            remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
-        )
-
-    async def get_many_versioned(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        """Concurrent GETs that return each object's ETag (index and whole-shard reads)
-        and carry ``If-Match`` where a version is expected: a chunk range located by
-        an index read earlier is refused (STALE) if the shard was replaced since,
-        rather than read from the new object."""
-        return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
-
-    async def get_many_if_modified(
-        self, requests: Sequence[tuple[str, Hashable]]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        return await bounded(self._get_tagged(k, None, None, unless=v) for k, v in requests)
+        self.capabilities = CONDITIONAL
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None
@@ -100,9 +84,6 @@ class S3Inner(FsspecInner):
         with failure("read", key):
             result: tuple[bytes | None, Hashable | None] = await self._on_home_loop(read)
             return result
-
-    async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
-        return await self._get_tagged(key, None, None)
 
     async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
         path = self._path(key)
