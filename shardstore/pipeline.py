@@ -256,7 +256,11 @@ class ShardAwarePipeline(BatchedCodecPipeline):
 async def _settle(pending: asyncio.Future[Any] | None) -> None:
     """Cancels work started ahead that is no longer wanted and waits for it to end, so
     that nothing runs on after the call that started it."""
-    if pending is None or pending.done():
+    if pending is None:
+        return
+    if pending.done():
+        if not pending.cancelled():
+            pending.exception()  # its failure, if any, is no news: the call fails already
         return
     pending.cancel()
     with contextlib.suppress(asyncio.CancelledError):
