@@ -126,15 +126,15 @@ def test_urls_of_gcs_and_azure_get_their_conditional_adapters(gcs: LocalGCS, azu
         assert inner.capabilities.conditional_writes and inner.capabilities.versioned_ranges
 
 
-def test_gcs_and_azure_a_failed_precondition_is_re_read_and_retried(cloud: Cloud) -> None:
-    server, upload = cloud
-    inner = adapt(server.url("cond"), server.storage_options)
+def _update_overtaken(inner: Any, theirs: Callable[[], Any]) -> tuple[bytes | None, list[bytes | None]]:
+    """``inner.update`` of "k" (first "base") with ``theirs`` written between its first read
+    and its write: what "k" holds after, and what the update read each time."""
     seen: list[bytes | None] = []
 
     def change(old: bytes | None) -> bytes:
         seen.append(old)
         if len(seen) == 1:  # another process writes between our read and our write
-            upload("cond/k", b"theirs")
+            theirs()
         return (old or b"") + b"+ours"
 
     async def run() -> bytes | None:
@@ -142,8 +142,15 @@ def test_gcs_and_azure_a_failed_precondition_is_re_read_and_retried(cloud: Cloud
         await inner.update("k", change)
         return await inner.get("k")
 
-    assert asyncio.run(run()) == b"theirs+ours"
-    assert seen == [b"base", b"theirs"]
+    return asyncio.run(run()), seen
+
+
+def test_gcs_and_azure_a_failed_precondition_is_re_read_and_retried(cloud: Cloud) -> None:
+    server, upload = cloud
+    inner = adapt(server.url("cond"), server.storage_options)
+    got, seen = _update_overtaken(inner, lambda: upload("cond/k", b"theirs"))
+    assert got == b"theirs+ours"
+    assert seen == [b"base", b"theirs"]  # re-read after the refused write
 
 
 def test_gcs_and_azure_a_new_object_is_written_only_if_still_absent(cloud: Cloud) -> None:
@@ -212,24 +219,12 @@ def test_gcs_and_azure_processes_writing_the_same_shards_lose_nothing(cloud: Clo
 
 
 def test_obstore_on_azure_writes_conditionally(azure: LocalAzure) -> None:
-    pytest.importorskip("obstore")
     from shardstore.inner import ObstoreInner
 
     inner = ObstoreInner.from_url(azure.url("ob"), azure.obstore_options)
-    seen: list[bytes | None] = []
-
-    def change(old: bytes | None) -> bytes:
-        seen.append(old)
-        if len(seen) == 1:
-            _azure_upload(azure, "ob/k", b"theirs")
-        return (old or b"") + b"+ours"
-
-    async def run() -> bytes | None:
-        await inner.set("k", b"base")
-        await inner.update("k", change)
-        return await inner.get("k")
-
-    assert asyncio.run(run()) == b"theirs+ours"
+    got, seen = _update_overtaken(inner, lambda: _azure_upload(azure, "ob/k", b"theirs"))
+    assert got == b"theirs+ours"
+    assert seen == [b"base", b"theirs"]
 
 
 # -- a writer killed between its read and its conditional write ----------------------------
