@@ -193,14 +193,21 @@ def test_gcs_and_azure_conditional_deletes_and_bounded_retries(cloud: Cloud) -> 
     assert n == 3 and asyncio.run(inner.get("k")) == b"3"
 
 
+def _ones(server: Any, path: str) -> tuple[str, dict[str, Any], zarr.Array]:
+    """(URL, storage options, array "a") of a new 16 x 16 array of ones at ``path``."""
+    url, so = server.url(path), server.storage_options
+    arr = zarr.create_array(
+        ShardingStore(url, CPS, storage_options=so), name="a", shape=(16, 16), chunks=(4, 4), dtype="i4"
+    )
+    arr[:] = 1
+    return url, so, arr
+
+
 def test_gcs_and_azure_range_reads_never_read_a_replaced_shard(cloud: Cloud) -> None:
     """A chunk range located by a cached index carries that index's version: after
     another writer replaced the shard, the read is refused and redone afresh."""
     server, _ = cloud
-    url, so = server.url("replaced.zarr"), server.storage_options
-    store = ShardingStore(url, CPS, storage_options=so)
-    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4")
-    arr[:] = 1
+    url, so, arr = _ones(server, "replaced.zarr")
     reader = zarr.open_array(
         ShardingStore(url, storage_options=so, read_strategy="chunk", index_cache="trust"), path="a"
     )
@@ -237,21 +244,18 @@ url, options = sys.argv[1], __import__("json").loads(sys.argv[2])
 async def stall(self, key, value, version):
     print("read", flush=True)
     time.sleep(600)  # killed here: between the read of the shard and its write
-InnerStore.write_if = stall
-for cls in InnerStore.__subclasses__():
-    for sub in [cls, *cls.__subclasses__()]:
-        sub.write_if = stall
+todo = [InnerStore]
+while todo:  # every adapter class, however deep
+    cls = todo.pop()
+    cls.write_if = stall
+    todo.extend(cls.__subclasses__())
 arr = zarr.open_array(ShardingStore(url, storage_options=options), path="a")
 arr[0:4, 0:4] = -1
 """
 
 
 def test_gcs_and_azure_a_writer_killed_before_its_write_leaves_the_shard_whole(cloud: Cloud) -> None:
-    server, _ = cloud
-    url, so = server.url("killed.zarr"), server.storage_options
-    store = ShardingStore(url, CPS, storage_options=so)
-    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4")
-    arr[:] = 1
+    url, so, arr = _ones(cloud[0], "killed.zarr")
     child = subprocess.Popen(
         [sys.executable, "-c", _STALLED_WRITER, url, json.dumps(so)], stdout=subprocess.PIPE, env=os.environ
     )
