@@ -114,7 +114,7 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
                 time.sleep(traffic.latency_s)
             status, headers, data = guard(self.command, self.path, dict(self.headers.items()), body, forward)
             traffic.bytes_down += len(data)
-            self.send_response(status)
+            self.send_response_only(status)  # the upstream's Server and Date, not a second pair
             for k, v in headers:
                 if k.lower() != "content-length":
                     self.send_header(k, v)
