@@ -255,17 +255,24 @@ async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
     first (its ``asyncio.run`` ended), fail rather than wait for ever."""
     future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, home)  # type: ignore[arg-type]
     waiter = asyncio.wrap_future(future)
-    while True:
-        done, _ = await asyncio.wait([waiter], timeout=_HOP_CHECK_S)
-        if done:
-            return waiter.result()
-        if home.is_closed() or not home.is_running():
-            future.cancel()
-            if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                coro.close()  # it never ran, and never will: no "never awaited" warning
-            raise RuntimeError(
-                "the event loop that owns this file system's sessions stopped before the call ran"
-            )
+    try:
+        while True:
+            done, _ = await asyncio.wait([waiter], timeout=_HOP_CHECK_S)
+            if done:
+                return waiter.result()
+            if home.is_closed() or not home.is_running():
+                future.cancel()
+                if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                    coro.close()  # it never ran, and never will: no "never awaited" warning
+                raise RuntimeError(
+                    "the event loop that owns this file system's sessions stopped before the call ran"
+                )
+    except BaseException:  # this call was cancelled, or failed: the call on ``home`` ends with it
+        if not waiter.done():
+            waiter.cancel()  # (cancels the call on its home loop too)
+        elif not waiter.cancelled():
+            waiter.exception()  # an outcome no one waits for any more: not "never retrieved"
+        raise
 
 
 def _asynchronous_copy(

@@ -15,6 +15,7 @@ first held in a :class:`~shardstore.writing.batch_buffer.WriteBuffer`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -149,9 +150,7 @@ class ShardWriter:
         for held in due:
             self._start(buffer, held)
         while buffer.nbytes > buffer.max_bytes and (flying := buffer.in_flight()):
-            await asyncio.wait(
-                [asyncio.ensure_future(outcome(f)) for f in flying], return_when=asyncio.FIRST_COMPLETED
-            )
+            await _first_settled(flying)
 
     async def compact(self, shard: ShardAddress) -> None:
         """Rewrite a shard compactly, whatever the strategy (drops dead bytes)."""
@@ -362,3 +361,15 @@ class ShardWriter:
         if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
             await self._rewrite(shard, updates, read_old=True)
         return True
+
+
+async def _first_settled(futures: list[concurrent.futures.Future[None]]) -> None:
+    """Wait until one of the commits ``futures`` has settled, however (its own writers
+    get its outcome); the waits on the others end here, their outcomes retrieved."""
+    waits = [asyncio.ensure_future(outcome(f)) for f in futures]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()  # (the commits go on: outcome() shields them)
+        await asyncio.gather(*waits, return_exceptions=True)
