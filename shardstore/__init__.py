@@ -6,9 +6,9 @@ unmodified zarr arrays write many chunks into each shard object.
 
 from shardstore import errors
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
+from shardstore.formats.precomputed.store import PrecomputedShardedStore
+from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
 from shardstore.pipeline import PIPELINE_PATH, ShardAwarePipeline
-from shardstore.precomputed_store import PrecomputedShardedStore
-from shardstore.precomputed_volume import PrecomputedScale, PrecomputedVolume
 from shardstore.store import ShardingStore
 
 __all__ = [

@@ -20,11 +20,14 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
 from shardstore.metadata import ROOT_DOCUMENTS
 from shardstore.tasks import gather
+
+if TYPE_CHECKING:
+    from shardstore.maintenance.inspection import Inspection
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -107,18 +110,22 @@ def _store(args: argparse.Namespace, **kwargs: Any) -> Any:
     return store
 
 
-def _location(args: argparse.Namespace) -> Any:
+def _inspection(args: argparse.Namespace) -> Inspection:
     """What ``ls``, ``info`` and ``verify`` look at: with ``--sharding``, the directory of
     neuroglancer precomputed shard files at ``args.url``; else the zarr hierarchy there
     (opened read-only), or failing that the neuroglancer precomputed data its ``info``
-    file describes (a :class:`~shardstore.maintenance.PrecomputedLocation`)."""
-    from shardstore.maintenance import find_precomputed
+    file describes."""
+    from shardstore.formats.precomputed.tools import find_precomputed
+    from shardstore.maintenance.inspection import ZarrInspection
 
     if args.sharding is not None:
-        return _opened(lambda: find_precomputed(args.url, args.storage_options, args.sharding), args.url)
+        given: Inspection = _opened(
+            lambda: find_precomputed(args.url, args.storage_options, args.sharding), args.url
+        )
+        return given
     store = _zarr_store(args, read_only=True)
     if store is not None:
-        return store
+        return ZarrInspection(store)
     found = find_precomputed(args.url, args.storage_options)
     if found is None:
         nothing = _nothing_there(args.url, args.storage_options)
@@ -129,12 +136,6 @@ def _location(args: argparse.Namespace) -> Any:
             "giving a sharding; for a directory of .shard files pass --sharding)"
         )
     return found
-
-
-def _precomputed(location: Any) -> bool:
-    from shardstore.maintenance import PrecomputedLocation
-
-    return isinstance(location, PrecomputedLocation)
 
 
 def _warn_damaged(damaged: dict[str, str], consequence: str, quiet: bool = False) -> int:
@@ -148,70 +149,17 @@ def _warn_damaged(damaged: dict[str, str], consequence: str, quiet: bool = False
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import list_keys, precomputed_keys
-
-    location = _location(args)
-    if _precomputed(location):
-        keys, damaged = precomputed_keys(location, args.prefix)
-    else:
-        keys, damaged = list_keys(location, args.prefix)
+    keys, damaged = _inspection(args).keys(args.prefix)
     for key in keys:
         print(key)
     return _warn_damaged(damaged, "its chunks are not listed", args.quiet)
 
 
 def _info(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import info
-
-    location = _location(args)
-    if _precomputed(location):
-        return _precomputed_info(args, location)
-    reports = info(location, args.prefix, write_strategy=args.write_strategy)
-    damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
-    if args.json:
-        print(json.dumps([r.to_dict() for r in reports], indent=2))
-        return _warn_damaged(damaged, "its chunks and dead bytes are not counted", args.quiet)
-    print(
-        f"{'array':<30} {'sharded':>12} {'shards':>7} {'chunks':>13} {'fill':>6} {'bytes':>14} {'dead':>12} "
-        f"{'layout':>11} {'writes':>7}"
-    )
-    for r in reports:
-        by_id = "neuroglancer" if r.sharded else "no"  # sharded by chunk id: no grid block per shard
-        cps = "x".join(map(str, r.chunks_per_shard)) if r.chunks_per_shard else by_id
-        print(
-            f"{r.path or '/':<30} {cps:>12} {r.shards:>7} {r.chunks:>6}/{r.grid_chunks:<6} "
-            f"{r.fill_ratio:>6.1%} {r.stored_bytes:>14,} {r.dead_bytes:>12,} "
-            f"{r.layout or '-':>11} {r.write_strategy:>7}"
-            + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
-        )
-    return _warn_damaged(damaged, "its chunks and dead bytes are not counted", args.quiet)
-
-
-def _sharding_text(sharding: dict[str, Any]) -> str:
-    return ", ".join(f"{name} {value}" if name != "@type" else str(value) for name, value in sharding.items())
-
-
-def _precomputed_info(args: argparse.Namespace, location: Any) -> int:
-    """``info`` of neuroglancer precomputed data: per scale (or the one directory of
-    shards) its sharding, shard files, chunk ids present and bytes."""
-    from shardstore.maintenance import precomputed_info
-
-    reports = precomputed_info(location, args.prefix)
-    damaged = {key: problem for r in reports for key, problem in r.damaged.items()}
-    if args.json:
-        print(json.dumps([r.to_dict() for r in reports], indent=2))
-        return _warn_damaged(damaged, "its chunks are not counted", args.quiet)
-    for r in reports:
-        what = f"scale {r.path}" if location.volume else f"shards at {location.url}"
-        print(f"{what}: {_sharding_text(r.sharding) if r.sharding else 'unsharded'}")
-        chunks = f"{r.chunks:,}" + (f"/{r.grid_chunks:,}" if r.grid_chunks else "")
-        fill = "" if r.fill_ratio is None else f" ({r.fill_ratio:.1%})"
-        files = f"{r.shards:,} shard files, {chunks} chunks" if r.sharded else f"{chunks} chunk files"
-        print(
-            f"  {files}{fill}, {r.stored_bytes:,} bytes"
-            + (f"  ({len(r.damaged)} damaged, not counted)" if r.damaged else "")
-        )
-    return _warn_damaged(damaged, "its chunks are not counted", args.quiet)
+    inspection = _inspection(args)
+    text, damaged = inspection.info(args.prefix, as_json=args.json, write_strategy=args.write_strategy)
+    print(text)
+    return _warn_damaged(damaged, inspection.not_counted, args.quiet)
 
 
 def _progress(args: argparse.Namespace, **stages: str) -> Any:
@@ -223,16 +171,9 @@ def _progress(args: argparse.Namespace, **stages: str) -> Any:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from shardstore.maintenance import leftovers, precomputed_leftovers, verify, verify_precomputed
-
-    location = _location(args)
+    inspection = _inspection(args)
     with _progress(args, shards="checking shards", chunks="decoding chunks") as progress:
-        if _precomputed(location):  # every shard file read whole: gzip chunk data always decoded
-            damaged = verify_precomputed(location, args.prefix, progress=progress)
-            found = precomputed_leftovers(location, args.prefix)
-        else:
-            damaged = verify(location, args.prefix, decode=args.decode, progress=progress)
-            found = leftovers(location, args.prefix)
+        damaged, found = inspection.check(args.prefix, decode=args.decode, progress=progress)
     for key, problem in sorted(damaged.items()):
         print(f"DAMAGED {key}: {problem}")
     for key, what in sorted(found.items()):

@@ -28,7 +28,7 @@ from shardstore.codec_form import (
     to_plain_form,
 )
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.base import ShardFormat
+from shardstore.formats import ShardFormat, format_from_config
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.keys import ChunkKeyGrammar, join_path
@@ -85,23 +85,6 @@ def dump_document(doc: Document) -> bytes:
     return json.dumps(doc, indent=2, allow_nan=True).encode()
 
 
-def check_rank(path: str, fmt: IndexedFormat, ndim: int) -> IndexedFormat:
-    """``fmt`` if it can shard an array of rank ``ndim`` at ``path`` (and puts more
-    than one chunk in a shard), else raise."""
-    cps = fmt.chunks_per_shard
-    if len(cps) != ndim:
-        raise ShardingConfigError(
-            f"array {path or '/'!r}: chunks_per_shard {list(cps)} has {len(cps)} entries, "
-            f"the array has {ndim} dimensions"
-        )
-    if fmt.n_chunks < 2:
-        raise ShardingConfigError(
-            f"array {path or '/'!r}: chunks_per_shard {list(cps)} puts one chunk in each shard; "
-            "leave the array unsharded instead"
-        )
-    return fmt
-
-
 def _is_our_entry(entry: Any) -> bool:
     if not isinstance(entry, dict):
         return False
@@ -117,24 +100,7 @@ def _format_from_entry(path: str, entry: Document, ndim: int) -> ShardFormat:
     if not isinstance(config, dict):
         raise ShardingConfigError(f"{where}: sharding transformer has no configuration object")
     kind = config.get("type", entry.get("type", IndexedFormat.type_name))
-    if kind == PrecomputedSharding.type_name:
-        return check_zarr_view(path, PrecomputedSharding.from_config(config, where))
-    if kind != IndexedFormat.type_name:
-        raise ShardingConfigError(f"{where}: unsupported shard format type {kind!r}")
-    if "chunks_per_shard" not in config:
-        raise ShardingConfigError(f"{where}: sharding transformer lacks chunks_per_shard")
-    return check_rank(path, IndexedFormat.from_config(config, where), ndim)
-
-
-def check_zarr_view(path: str, fmt: PrecomputedSharding) -> PrecomputedSharding:
-    """``fmt`` if it can hold a zarr array's chunks: zarr's codecs encode them, so the
-    format stores them as they are (``data_encoding: "raw"``)."""
-    if fmt.data_encoding != "raw":
-        raise ShardingConfigError(
-            f"array {path or '/'!r}: a zarr array in the {fmt.type_name} format needs "
-            f'data_encoding "raw" (zarr\'s codecs compress its chunks), not {fmt.data_encoding!r}'
-        )
-    return fmt
+    return format_from_config(kind, config, where).for_array(path, ndim)
 
 
 def transformer_entry(fmt: ShardFormat) -> Document:
@@ -477,10 +443,8 @@ class ShardingPolicy:
             return None
         if isinstance(chosen, Mapping):  # a neuroglancer "sharding" object as a mapping value
             chosen = PrecomputedSharding.from_json(chosen, f"array {path or '/'!r}: chunks_per_shard")
-        if isinstance(chosen, PrecomputedSharding):
-            return check_zarr_view(path, chosen)
-        if isinstance(chosen, IndexedFormat):
-            return check_rank(path, chosen, ndim)
+        if isinstance(chosen, ShardFormat):
+            return chosen.for_array(path, ndim)
         if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
             raise ShardingConfigError(f"array {path or '/'!r}: chunks_per_shard {chosen!r} is not a sequence")
         where = f"array {path or '/'!r}"
@@ -489,4 +453,4 @@ class ShardingPolicy:
             "index_location": self.index_location,
             "index_checksum": self.index_checksum,
         }
-        return check_rank(path, IndexedFormat.from_config(config, where), ndim)
+        return IndexedFormat.from_config(config, where).for_array(path, ndim)

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from zarr.core.sync import sync as zarr_sync
 
 from shardstore.errors import SyncCallError
 
-__all__ = ["blocked", "refuse_to_wait", "run"]
+__all__ = ["blocked", "blocking", "refuse_to_wait", "run"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _guard = threading.Lock()
 _blocked: dict[asyncio.AbstractEventLoop, int] = {}
@@ -101,6 +103,21 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
             _blocked[caller] -= 1
             if not _blocked[caller]:
                 del _blocked[caller]
+
+
+def blocking(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """The synchronous front door of an async function ``name_async``: a function
+    ``name`` with the same parameters that runs it through :func:`run`. One door
+    for every tool, so that no synchronous twin repeats its signature and defaults."""
+
+    @functools.wraps(function)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return run(function(*args, **kwargs))
+
+    call.__name__ = function.__name__.removesuffix("_async")
+    call.__qualname__ = function.__qualname__.removesuffix("_async")
+    call.__doc__ = f"Synchronous :func:`{function.__name__}`: {function.__doc__ or ''}".strip()
+    return call
 
 
 def _forget_after_fork() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardstore import PrecomputedShardedStore, ShardFormatError, ShardingConfigError
-from shardstore.precomputed_volume import PrecomputedScale, PrecomputedVolume
+from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
 
 ts = pytest.importorskip("tensorstore")
 

@@ -51,6 +51,11 @@ class ShardFormat(ABC):
     def from_config(cls, config: Mapping[str, Any], where: str) -> Self:
         """The format a configuration describes; ShardingConfigError naming ``where``."""
 
+    def for_array(self, path: str, ndim: int) -> Self:
+        """This format, if it can shard the zarr array of rank ``ndim`` at ``path``;
+        else ShardingConfigError naming the array (rank, chunks per shard, encoding)."""
+        return self
+
     @abstractmethod
     def to_config(self) -> dict[str, Any]:
         """The configuration :meth:`from_config` reads back."""

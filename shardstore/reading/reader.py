@@ -30,11 +30,11 @@ from shardstore.formats.indexed import (
     IndexedFormat,
 )
 from shardstore.formats.precomputed import PrecomputedSharding
+from shardstore.formats.precomputed.store import PrecomputedShardedStore
 from shardstore.inner import STALE, ChunkBytes, InnerStore, slice_range
 from shardstore.inner.base import NOT_MODIFIED
 from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
-from shardstore.precomputed_store import PrecomputedShardedStore
 from shardstore.reading.cache import IndexCache, IndexEntry, ShardCache, ShardSnapshot
 from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges, sub_range
 from shardstore.tasks import gather

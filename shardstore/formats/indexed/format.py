@@ -33,6 +33,7 @@ __all__ = [
     "ShardIndex",
     "index_problem",
     "is_codec",
+    "live_bytes",
     "parse_index_codecs",
     "present_positions",
 ]
@@ -112,6 +113,8 @@ class IndexedFormat(ShardFormat):
     def from_config(cls, config: Mapping[str, Any], where: str) -> IndexedFormat:
         """Read (and check) ``chunks_per_shard``, ``index_location`` and
         ``index_codecs`` (or the ``index_checksum`` shorthand)."""
+        if "chunks_per_shard" not in config:
+            raise ShardingConfigError(f"{where}: the sharding configuration lacks chunks_per_shard")
         cps = config.get("chunks_per_shard")
         if isinstance(cps, str | bytes) or not isinstance(cps, list | tuple):
             raise ShardingConfigError(f"{where}: chunks_per_shard {cps!r} is not a sequence of integers")
@@ -127,6 +130,22 @@ class IndexedFormat(ShardFormat):
         if location not in ("start", "end"):
             raise ShardingConfigError(f"{where}: index_location must be 'start' or 'end', not {location!r}")
         return cls(tuple(cps), location, _checksum_of(config, where))
+
+    def for_array(self, path: str, ndim: int) -> IndexedFormat:
+        """This format, if it can shard an array of rank ``ndim`` at ``path`` (and puts
+        more than one chunk in a shard), else raise."""
+        cps = self.chunks_per_shard
+        if len(cps) != ndim:
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: chunks_per_shard {list(cps)} has {len(cps)} entries, "
+                f"the array has {ndim} dimensions"
+            )
+        if self.n_chunks < 2:
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: chunks_per_shard {list(cps)} puts one chunk in each shard; "
+                "leave the array unsharded instead"
+            )
+        return self
 
     def to_config(self) -> dict[str, Any]:
         """The index spelled by the codec spec's names only (a reader that knows only
@@ -351,3 +370,18 @@ def index_problem(index: ShardIndex) -> str | None:
 
 def present_positions(index: ShardIndex) -> npt.NDArray[np.intp]:
     return np.flatnonzero(index[:, 0] != MISSING)
+
+
+def live_bytes(index: ShardIndex) -> int:
+    """Bytes covered by the index's chunk ranges, overlaps counted once."""
+    present = index[index[:, 0] != MISSING]
+    if len(present) == 0:
+        return 0
+    order = np.argsort(present[:, 0])
+    starts = present[order, 0].astype(np.int64)
+    ends = starts + present[order, 1].astype(np.int64)
+    reach = np.maximum.accumulate(ends)
+    # a range starts a new run where it begins past everything before it
+    new_run = np.concatenate([[True], starts[1:] > reach[:-1]])
+    run_ends = np.maximum.reduceat(ends, np.flatnonzero(new_run))
+    return int((run_ends - starts[new_run]).sum())

@@ -1,0 +1,35 @@
+"""The indexed shard format (ZEP 2 ``type: "indexed"``, byte for byte the
+``sharding_indexed`` codec v1.0): one wing.
+
+``format``: the binary layout and its index math (pure). The format's reader and
+writer are the store's own (``shardstore.reading``, ``shardstore.writing``), which
+read its index table, and its tools are those of zarr arrays
+(``shardstore.maintenance``). Imports only ``shardstore.errors`` and
+``shardstore.formats``.
+"""
+
+from shardstore.formats.indexed.format import (
+    MAX_CHUNKS_PER_SHARD,
+    MISSING,
+    IndexedFormat,
+    IndexLocation,
+    ShardIndex,
+    index_problem,
+    is_codec,
+    live_bytes,
+    parse_index_codecs,
+    present_positions,
+)
+
+__all__ = [
+    "MAX_CHUNKS_PER_SHARD",
+    "MISSING",
+    "IndexLocation",
+    "IndexedFormat",
+    "ShardIndex",
+    "index_problem",
+    "is_codec",
+    "live_bytes",
+    "parse_index_codecs",
+    "present_positions",
+]

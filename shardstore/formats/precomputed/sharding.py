@@ -1,0 +1,192 @@
+"""The configuration of the neuroglancer precomputed sharded format
+(``neuroglancer_uint64_sharded_v1``): its ``sharding`` JSON object, checked, as a
+:class:`~shardstore.formats.base.ShardFormat`. Pure, no I/O."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Final, Literal, cast
+
+from zarr.abc.store import ByteRequest, RangeByteRequest
+
+from shardstore.errors import ShardingConfigError
+from shardstore.formats.base import ShardFormat
+from shardstore.formats.precomputed.shard_file import build_shard, parse_shard, shard_problems, split_shard
+
+__all__ = ["MAX_MINISHARD_BITS", "TYPE_NAME", "Encoding", "HashName", "PrecomputedSharding"]
+
+TYPE_NAME: Final = "neuroglancer_uint64_sharded_v1"
+HashName = Literal["identity", "murmurhash3_x86_128"]
+Encoding = Literal["raw", "gzip"]
+_HASHES: Final = ("identity", "murmurhash3_x86_128")
+_ENCODINGS: Final = ("raw", "gzip")
+_BITS_FIELDS: Final = ("preshift_bits", "minishard_bits", "shard_bits")
+_FIELDS: Final = ("@type", *_BITS_FIELDS, "hash", "minishard_index_encoding", "data_encoding")
+
+MAX_MINISHARD_BITS: Final = 32
+"""tensorstore's limit: a shard index of ``2**32`` entries is already 64 GiB."""
+_DIRECTORY: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+
+
+# -- configuration -----------------------------------------------------------------
+
+
+def _check_fields(obj: Mapping[Any, Any], where: str) -> None:
+    """Refuse anything tensorstore or neuroglancer would not read as this sharding."""
+    unknown = [k for k in obj if k not in _FIELDS]
+    if unknown:
+        k = unknown[0]
+        raise ShardingConfigError(
+            f"{where}: unknown field {k!r} (value {obj[k]!r}); "
+            f"a {TYPE_NAME} sharding has only {list(_FIELDS)}"
+        )
+    if obj.get("@type") != TYPE_NAME:
+        found = repr(obj["@type"]) if "@type" in obj else "missing"
+        raise ShardingConfigError(f"{where}: field '@type' is {found}, expected {TYPE_NAME!r}")
+    bits: dict[str, int] = {}
+    for name in _BITS_FIELDS:
+        if name not in obj:
+            raise ShardingConfigError(f"{where}: field {name!r} is missing (an integer from 0 to 64)")
+        value = obj[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 64:
+            raise ShardingConfigError(f"{where}: field {name!r} is {value!r}, not an integer from 0 to 64")
+        bits[name] = value
+    if bits["minishard_bits"] > MAX_MINISHARD_BITS:
+        raise ShardingConfigError(
+            f"{where}: field 'minishard_bits' is {bits['minishard_bits']}, more than {MAX_MINISHARD_BITS} "
+            f"(a shard index of 16 * 2**{bits['minishard_bits']} bytes cannot be held)"
+        )
+    if sum(bits.values()) > 64:
+        raise ShardingConfigError(
+            f"{where}: fields preshift_bits + minishard_bits + shard_bits are "
+            f"{' + '.join(str(v) for v in bits.values())} = {sum(bits.values())}, "
+            "more than the 64 bits of a chunk id"
+        )
+    if "hash" not in obj:
+        raise ShardingConfigError(f"{where}: field 'hash' is missing (one of {list(_HASHES)})")
+    if obj["hash"] not in _HASHES:
+        raise ShardingConfigError(f"{where}: field 'hash' is {obj['hash']!r}, not one of {list(_HASHES)}")
+    for name in ("minishard_index_encoding", "data_encoding"):
+        if name in obj and obj[name] not in _ENCODINGS:
+            raise ShardingConfigError(
+                f"{where}: field {name!r} is {obj[name]!r}, not one of {list(_ENCODINGS)}"
+            )
+
+
+@dataclass(frozen=True)
+class PrecomputedSharding(ShardFormat):
+    """The ``sharding`` object of a neuroglancer precomputed scale (or kvstore metadata),
+    as a :class:`~shardstore.formats.base.ShardFormat`: chunks are uint64 ids, their
+    bytes raw (the format applies ``data_encoding`` itself)."""
+
+    type_name: ClassVar[str] = TYPE_NAME
+
+    preshift_bits: int
+    hash: HashName
+    minishard_bits: int
+    shard_bits: int
+    minishard_index_encoding: Encoding = "raw"
+    data_encoding: Encoding = "raw"
+    directory: str = ""
+    """Where a zarr array's shard files are, below its chunk prefix ("": there
+    itself). A resize that renumbers the chunks writes them to a new directory, and
+    the metadata naming it is the commit: not part of the neuroglancer format."""
+
+    def __post_init__(self) -> None:
+        _check_fields(self.to_json(), type(self).__name__)
+        if self.directory and _DIRECTORY.fullmatch(self.directory) is None:
+            raise ShardingConfigError(
+                f"{type(self).__name__}: directory {self.directory!r} is not a plain name "
+                "(letters, digits, '.', '_' and '-', not starting with '.')"
+            )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], where: str = "sharding") -> PrecomputedSharding:
+        """Read and check a sharding JSON object; ShardingConfigError names ``where``,
+        the field and its value. Missing encodings are ``"raw"``; extra keys are refused."""
+        if not isinstance(obj, Mapping):
+            raise ShardingConfigError(f"{where}: {obj!r} is not a JSON object")
+        _check_fields(obj, where)
+        return cls(
+            preshift_bits=obj["preshift_bits"],
+            hash=cast(HashName, obj["hash"]),
+            minishard_bits=obj["minishard_bits"],
+            shard_bits=obj["shard_bits"],
+            minishard_index_encoding=cast(Encoding, obj.get("minishard_index_encoding", "raw")),
+            data_encoding=cast(Encoding, obj.get("data_encoding", "raw")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """As tensorstore writes it: ``@type`` and every field, defaults included."""
+        return {
+            "@type": TYPE_NAME,
+            "preshift_bits": self.preshift_bits,
+            "hash": self.hash,
+            "minishard_bits": self.minishard_bits,
+            "shard_bits": self.shard_bits,
+            "minishard_index_encoding": self.minishard_index_encoding,
+            "data_encoding": self.data_encoding,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], where: str) -> PrecomputedSharding:
+        """The sharding object, its ``@type`` spelled ``type`` as in a ZEP 2 storage
+        transformer configuration (``@type`` is accepted too), and the ``directory``
+        of the shard files if they are not in the chunk prefix itself."""
+        obj = dict(config)
+        if "type" in obj:
+            obj.setdefault("@type", obj.pop("type"))
+        directory = obj.pop("directory", "")
+        if not isinstance(directory, str):
+            raise ShardingConfigError(f"{where}: field 'directory' is {directory!r}, not a string")
+        sharding = cls.from_json(obj, where)
+        try:
+            return replace(sharding, directory=directory)
+        except ShardingConfigError as exc:
+            raise ShardingConfigError(f"{where}: {exc}") from None
+
+    def for_array(self, path: str, ndim: int) -> PrecomputedSharding:
+        """This format, if it can hold a zarr array's chunks: zarr's codecs encode them, so the
+        format stores them as they are (``data_encoding: "raw"``)."""
+        if self.data_encoding != "raw":
+            raise ShardingConfigError(
+                f"array {path or '/'!r}: a zarr array in the {self.type_name} format needs "
+                f'data_encoding "raw" (zarr\'s codecs compress its chunks), not {self.data_encoding!r}'
+            )
+        return self
+
+    def to_config(self) -> dict[str, Any]:
+        obj = self.to_json()
+        directory = {"directory": self.directory} if self.directory else {}
+        return {"type": obj.pop("@type"), **obj, **directory}
+
+    def parse(self, blob: bytes, key: str) -> dict[int, tuple[int, int]]:
+        """Where each chunk's stored bytes lie in a whole shard file, checked."""
+        return parse_shard(self, blob, key)
+
+    def index_request(self) -> ByteRequest:
+        """The shard index: the first-level index, at the start of every shard file."""
+        return RangeByteRequest(0, self.shard_index_nbytes)
+
+    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+        return build_shard(self, chunks)
+
+    def split(self, blob: bytes, key: str) -> dict[int, bytes]:
+        return split_shard(self, blob, key)
+
+    def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
+        return shard_problems(self, blob, key)
+
+    @property
+    def shard_index_nbytes(self) -> int:
+        return 16 << self.minishard_bits
+
+    @property
+    def num_minishards(self) -> int:
+        return 1 << self.minishard_bits
+
+    @property
+    def num_shards(self) -> int:
+        return 1 << self.shard_bits
