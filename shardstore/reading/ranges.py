@@ -1,16 +1,11 @@
 """Byte ranges of chunk reads: a request's range within a chunk, merging nearby
-ranges of one object into one request, and how often a range read that met a
-changed object is tried again. Pure; shared by every reader."""
+ranges of one object into one request. Pure; shared by every reader."""
 
 from __future__ import annotations
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest
 
-__all__ = ["MERGE_GAP", "STALE_READS", "merge_ranges", "sub_range"]
-
-STALE_READS = 8
-"""Range reads whose shard changed since its index was read are retried (with a fresh
-index) this many times, then fail: never reported absent."""
+__all__ = ["MERGE_GAP", "merge_ranges", "sub_range"]
 
 
 def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:

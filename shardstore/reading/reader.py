@@ -24,7 +24,7 @@ from typing import Any
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.addressing import ChunkAddress, ShardAddress
-from shardstore.errors import ShardConflictError, ShardFormatError
+from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.formats.indexed import (
     IndexedFormat,
@@ -36,7 +36,8 @@ from shardstore.inner.base import NOT_MODIFIED
 from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
 from shardstore.reading.cache import IndexCache, IndexEntry, ShardCache, ShardSnapshot
-from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges, sub_range
+from shardstore.reading.ranges import MERGE_GAP, merge_ranges, sub_range
+from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
 
 __all__ = ["ShardReader"]
@@ -349,8 +350,9 @@ class ShardReader:
         """Range reads located by indices (cached or read in one batch), nearby ranges
         of a shard merged. Where a cached index turns out stale (the read checks the
         shard's version for free), those chunks are read again afresh."""
-        for attempt in range(STALE_READS):
-            entries = await self.index_entries([chunks[i][0] for i in todo], fresh=attempt > 0)
+
+        async def attempt(todo: list[int], now: Attempt) -> list[int]:
+            entries = await self.index_entries([chunks[i][0] for i in todo], fresh=not now.first)
             wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard key -> (slot, start, stop)
             versions: dict[str, Hashable | None] = {}
             for i, entry in zip(todo, entries, strict=True):
@@ -388,15 +390,9 @@ class ShardReader:
                             f"object (wanted {stop - start} bytes, got {0 if part is None else len(part)})"
                         )
                     results[i] = part
-            if not stale:
-                return
-            log.debug("%d chunk range(s) met a shard changed since its index was read: again", len(stale))
-            todo = stale
-        keys = sorted({chunks[i][0].shard.key for i in todo})
-        raise ShardConflictError(
-            f"shard(s) {', '.join(map(repr, keys))} changed under each of {STALE_READS} attempts to read "
-            f"chunks of them (other writers are rewriting them); try again"
-        )
+            return stale
+
+        await until_fresh(attempt, todo, shard_of=lambda i: chunks[i][0].shard.key, what="chunks of them")
 
     async def index_entries(
         self, chunks: list[ChunkAddress], *, fresh: bool = False

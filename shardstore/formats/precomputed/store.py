@@ -36,7 +36,8 @@ from shardstore.formats.precomputed import (
 )
 from shardstore.inner import STALE, InnerStore, adapt
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
-from shardstore.reading.ranges import MERGE_GAP, STALE_READS, merge_ranges
+from shardstore.reading.ranges import MERGE_GAP, merge_ranges
+from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
 
 __all__ = ["PrecomputedShardedStore"]
@@ -136,12 +137,13 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
     ) -> list[bytes | None]:
         """Stored bytes of each chunk: minishard indices (cached or read, all shards in
         two rounds), then the data ranges at the version those were read at. Only the
-        chunks of a shard replaced in between are read again (up to STALE_READS
-        times); a range cut short at that very version is damage (ShardFormatError)."""
+        chunks of a shard replaced in between are read again (``until_fresh``); a range
+        cut short at that very version is damage (ShardFormatError)."""
         out: list[bytes | None] = [None] * len(ids)
-        pending = list(range(len(ids)))
         truncated: str | None = None
-        for _ in range(STALE_READS):
+
+        async def attempt(pending: list[int], now: Attempt) -> list[int]:
+            nonlocal truncated
             found = await self._minishard_indices({(keys[i], minishards[i]) for i in pending})
             todo = []
             for slot in pending:
@@ -171,19 +173,22 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                     changed.add(key)
                 else:
                     out[slot] = value
-            if not changed:
-                return out
             for key in changed:
                 self.forget(key)
-            pending = [slot for slot in pending if keys[slot] in changed]
-            for slot in pending:
+            again = [slot for slot in pending if keys[slot] in changed]
+            for slot in again:
                 out[slot] = None
-        if truncated is not None:
-            raise ShardFormatError(truncated)
-        raise ShardConflictError(
-            f"shard(s) {', '.join(sorted({repr(keys[i]) for i in pending}))} changed under each of "
-            f"{STALE_READS} attempts to read chunks of them (other writers are rewriting them); try again"
-        )
+            return again
+
+        try:
+            await until_fresh(
+                attempt, list(range(len(ids))), shard_of=keys.__getitem__, what="chunks of them"
+            )
+        except ShardConflictError:
+            if truncated is not None:  # cut short at every attempt: damage, not other writers
+                raise ShardFormatError(truncated) from None
+            raise
+        return out
 
     async def _minishard_indices(
         self, wanted: set[tuple[str, int]]
@@ -191,7 +196,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         """The minishard indices asked for, with the shard version each was read at:
         from the cache, else shard index entries then indices, all in two rounds. An
         index cut short at the version its entry was read at is damage; the indices
-        of a shard replaced in between are read again, up to STALE_READS times."""
+        of a shard replaced in between are read again (``until_fresh``)."""
         found: dict[tuple[str, int], tuple[Minishard, Hashable | None]] = {}
         missing = []
         versions: dict[str, Hashable | None] = {}
@@ -201,15 +206,13 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
                 missing.append(where)
             else:
                 found[where] = cached
-        for attempt in range(STALE_READS):
-            if not missing:
-                return found
-            missing = await self._read_minishard_indices(missing, found, last=attempt + 1 == STALE_READS)
-        raise ShardConflictError(
-            f"shard(s) {', '.join(sorted({repr(key) for key, _ in missing}))} changed under each of "
-            f"{STALE_READS} attempts to read their minishard indices (other writers are rewriting them); "
-            "try again"
+        await until_fresh(
+            lambda todo, now: self._read_minishard_indices(todo, found, last=now.last),
+            missing,
+            shard_of=lambda where: where[0],
+            what="their minishard indices",
         )
+        return found
 
     async def _read_minishard_indices(
         self,
