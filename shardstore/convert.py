@@ -30,7 +30,6 @@ chunks, each written atomically, are skipped when they exist.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import os
 import pickle
@@ -57,6 +56,7 @@ from shardstore.metadata import (
     ArrayInfo,
     load_document,
 )
+from shardstore.sync_bridge import in_a_thread
 from shardstore.tasks import gather
 
 if TYPE_CHECKING:
@@ -564,19 +564,7 @@ def convert(
     )
 
 
-async def convert_async(
-    src: ShardingStore,
-    dst: ShardingStore,
-    *,
-    progress: Progress | None = None,
-    workers: int | None = None,
-    client: Client | None = None,
-    resume: bool = True,
-) -> ConvertReport:
-    """:func:`convert` from a coroutine (run in a thread)."""
-    return await asyncio.to_thread(
-        convert, src, dst, progress=progress, workers=workers, client=client, resume=resume
-    )
+convert_async = in_a_thread(convert)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from zarr.core.sync import sync as zarr_sync
 
 from shardstore.errors import SyncCallError
 
-__all__ = ["blocked", "blocking", "refuse_to_wait", "run"]
+__all__ = ["blocked", "blocking", "in_a_thread", "refuse_to_wait", "run"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -117,6 +117,21 @@ def blocking(function: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     call.__name__ = function.__name__.removesuffix("_async")
     call.__qualname__ = function.__qualname__.removesuffix("_async")
     call.__doc__ = f"Synchronous :func:`{function.__name__}`: {function.__doc__ or ''}".strip()
+    return call
+
+
+def in_a_thread(function: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """The async front door of a blocking function ``name``: a coroutine function
+    ``name_async`` with the same parameters that runs it in a worker thread
+    (``asyncio.to_thread``), so that an event loop goes on meanwhile."""
+
+    @functools.wraps(function)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.to_thread(function, *args, **kwargs)
+
+    call.__name__ = f"{function.__name__}_async"
+    call.__qualname__ = f"{function.__qualname__}_async"
+    call.__doc__ = f":func:`{function.__name__}` from a coroutine, run in a thread: {function.__doc__ or ''}"
     return call
 
 

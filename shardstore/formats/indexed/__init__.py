@@ -8,28 +8,7 @@ read its index table, and its tools are those of zarr arrays
 ``shardstore.formats``.
 """
 
-from shardstore.formats.indexed.format import (
-    MAX_CHUNKS_PER_SHARD,
-    MISSING,
-    IndexedFormat,
-    IndexLocation,
-    ShardIndex,
-    index_problem,
-    is_codec,
-    live_bytes,
-    parse_index_codecs,
-    present_positions,
-)
+from shardstore.formats.indexed import format
+from shardstore.formats.indexed.format import *  # noqa: F403  (the wing's names are its format's)
 
-__all__ = [
-    "MAX_CHUNKS_PER_SHARD",
-    "MISSING",
-    "IndexLocation",
-    "IndexedFormat",
-    "ShardIndex",
-    "index_problem",
-    "is_codec",
-    "live_bytes",
-    "parse_index_codecs",
-    "present_positions",
-]
+__all__ = format.__all__

@@ -19,50 +19,9 @@ The pure modules (the first three) import only ``shardstore.errors`` and
 here, so that the core may import this package without the I/O modules.
 """
 
-from shardstore.formats.precomputed.ids import (
-    chunk_hash,
-    compressed_morton_code,
-    locate_ids,
-    morton_positions,
-    murmurhash3_x86_128_64,
-    renumber,
-    renumbered,
-    shard_file_name,
-    shard_number_of_name,
-)
-from shardstore.formats.precomputed.shard_file import (
-    MAX_DECODED_NBYTES,
-    build_shard,
-    decode_chunk,
-    decode_minishard_index,
-    decode_shard_index,
-    minishard_index_range,
-    parse_shard,
-    shard_problems,
-    split_shard,
-)
-from shardstore.formats.precomputed.sharding import MAX_MINISHARD_BITS, TYPE_NAME, PrecomputedSharding
+from shardstore.formats.precomputed import ids, shard_file, sharding
+from shardstore.formats.precomputed.ids import *  # noqa: F403  (the pure modules' names, re-exported)
+from shardstore.formats.precomputed.shard_file import *  # noqa: F403
+from shardstore.formats.precomputed.sharding import *  # noqa: F403
 
-__all__ = [
-    "MAX_DECODED_NBYTES",
-    "MAX_MINISHARD_BITS",
-    "TYPE_NAME",
-    "PrecomputedSharding",
-    "build_shard",
-    "chunk_hash",
-    "compressed_morton_code",
-    "decode_chunk",
-    "decode_minishard_index",
-    "decode_shard_index",
-    "locate_ids",
-    "minishard_index_range",
-    "morton_positions",
-    "murmurhash3_x86_128_64",
-    "parse_shard",
-    "renumber",
-    "renumbered",
-    "shard_file_name",
-    "shard_number_of_name",
-    "shard_problems",
-    "split_shard",
-]
+__all__ = [*sharding.__all__, *ids.__all__, *shard_file.__all__]

@@ -364,6 +364,12 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
             [k async for k in self._inner.list_dir("") if shard_number_of_name(self.sharding, k) is not None]
         )
 
+    async def minishards(self, key: str) -> dict[int, Minishard]:
+        """Every minishard index of the shard file ``key`` by minishard (empty ones
+        too), read as chunk reads read them: the shard index, then the indices."""
+        found = await self._minishard_indices({(key, m) for m in range(self.sharding.num_minishards)})
+        return {m: table for (_, m), (table, _) in found.items()}
+
     async def ids(self) -> list[int]:
         """Every chunk id present, in ascending order (reads every minishard index)."""
         keys = await self.shard_keys()

@@ -10,24 +10,20 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-from zarr.abc.store import RangeByteRequest
 
 from shardstore.errors import (
     ShardFormatError,
-    ShardingConfigError,
     ShardStoreError,
 )
 from shardstore.formats.precomputed import (
     PrecomputedSharding,
-    decode_minishard_index,
-    decode_shard_index,
     locate_ids,
-    minishard_index_range,
     parse_shard,
     shard_number_of_name,
     shard_problems,
 )
 from shardstore.formats.precomputed.store import PrecomputedShardedStore
+from shardstore.formats.precomputed.volume import scale_directory
 from shardstore.inner import InnerStore, adapt
 from shardstore.keys import join_path
 from shardstore.maintenance.common import VERIFY_BATCH, Progress, sizes_of
@@ -219,15 +215,10 @@ async def find_precomputed_async(
 def _scale(
     url: str, storage_options: dict[str, Any] | None, scale: Any, i: int, where: str
 ) -> ScaleDirectory:
-    key = scale.get("key") if isinstance(scale, dict) else None
-    if not isinstance(key, str) or not key.strip("/"):
-        raise ShardStoreError(f"{where}: scale {i} has no 'key' naming its directory: {scale!r}")
+    key, sharding = scale_directory(scale, i, where)
     inner = adapt(_join_url(url, key), storage_options)
-    sharding = scale.get("sharding")
-    if sharding is not None and not isinstance(sharding, dict):
-        raise ShardingConfigError(f"{where}: scale {key!r}: 'sharding' is {sharding!r}, not a JSON object")
-    store = None if sharding is None else _sharded(inner, sharding, f"{where}: scale {key!r}: sharding")
-    return ScaleDirectory(key.strip("/"), inner, store, _grid_chunks(scale))
+    store = None if sharding is None else PrecomputedShardedStore(inner, sharding, read_only=True)
+    return ScaleDirectory(key, inner, store, _grid_chunks(scale))
 
 
 find_precomputed = blocking(find_precomputed_async)
@@ -280,37 +271,23 @@ async def _surveyed_shard(scale: ScaleDirectory, name: str) -> _PrecomputedShard
 
 
 async def _ids_from_indices(scale: ScaleDirectory, name: str, size: int) -> list[int]:
-    """The chunk ids a shard file's minishard indices list, each checked to lie inside
-    the ``size``-byte file and to hash to this shard and minishard."""
+    """The chunk ids a shard file's minishard indices list (read by the store, as reads
+    do), each checked to lie inside the ``size``-byte file and to hash to this shard
+    and minishard."""
     assert scale.store is not None
     sharding, key = scale.store.sharding, scale.key(name)
-    head = await scale.inner.get(name, RangeByteRequest(0, sharding.shard_index_nbytes))
-    table = decode_shard_index(sharding, head or b"", key)
-    present = [m for m in range(sharding.num_minishards) if table[m, 1] > table[m, 0]]
-    places = [minishard_index_range(sharding, (head or b"")[16 * m : 16 * m + 16], m, key) for m in present]
-    for m, place in zip(present, places, strict=True):
-        if place.stop > size:
-            raise ShardFormatError(
-                f"shard {key!r}: truncated: minishard {m} index at [{place.start}, {place.stop}) "
-                f"lies past the end of the {size}-byte object"
-            )
-    raws = (
-        await scale.inner.get_many([(name, RangeByteRequest(p.start, p.stop)) for p in places])
-        if places
-        else []
-    )
     shard = shard_number_of_name(sharding, name)
     ids: list[int] = []
-    for m, place, raw in zip(present, places, raws, strict=True):
-        if raw is None or len(raw) != len(place):
-            raise ShardFormatError(f"shard {key!r}: minishard {m} index cut short")
-        rows = decode_minishard_index(sharding, raw, key)
-        if ((rows[:, 1] + rows[:, 2]) > np.uint64(size)).any():
+    for m, table in (await scale.store.minishards(name)).items():
+        if not table:
+            continue
+        listed = np.array(list(table), dtype=np.uint64)
+        if any(offset + nbytes > size for offset, nbytes in table.values()):
             raise ShardFormatError(f"shard {key!r}: truncated: chunks past the end of the {size}-byte object")
-        shards, minishards = locate_ids(sharding, rows[:, 0])
+        shards, minishards = locate_ids(sharding, listed)
         if (minishards != np.uint64(m)).any() or (shard is not None and (shards != np.uint64(shard)).any()):
             raise ShardFormatError(f"shard {key!r}: minishard {m} lists chunks of another minishard or shard")
-        ids.extend(rows[:, 0].tolist())
+        ids.extend(table)
     return sorted(ids)
 
 

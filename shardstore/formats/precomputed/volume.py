@@ -41,7 +41,7 @@ from shardstore.inner import InnerStore, adapt
 from shardstore.inner.base import failure
 from shardstore.inner.subdirectory import SubdirectoryInner
 
-__all__ = ["PrecomputedScale", "PrecomputedVolume"]
+__all__ = ["PrecomputedScale", "PrecomputedVolume", "scale_directory"]
 
 INFO_KEY: Final = "info"
 VOLUME_TYPE: Final = "neuroglancer_multiscale_volume"
@@ -106,11 +106,21 @@ def _check_scale_key(key: Any, where: str) -> str:
     return key
 
 
-def _parse_scale(obj: Any, index: int) -> _ScaleInfo:
-    where = f"info: scales[{index}]"
+def scale_directory(obj: Any, index: int, info: str = "info") -> tuple[str, PrecomputedSharding | None]:
+    """Where scale ``index`` of the ``info`` file keeps its chunks: its checked ``key``
+    (a directory below the volume) and its sharding (None: one file per chunk). What
+    every reader of an ``info`` file needs, volumes and the tools alike."""
+    where = f"{info}: scales[{index}]"
     if not isinstance(obj, Mapping):
         raise ShardingConfigError(f"{where} is {obj!r}, not a JSON object")
     key = _check_scale_key(_required(obj, "key", where, "the scale's directory"), where)
+    raw = obj.get("sharding")
+    where = f"{info}: scale {key!r}: field 'sharding'"
+    return key, None if raw is None else PrecomputedSharding.from_json(raw, where)
+
+
+def _parse_scale(obj: Any, index: int) -> _ScaleInfo:
+    key, sharding = scale_directory(obj, index)
     where = f"info: scale {key!r}"
     _required(obj, "size", where, "3 integers")
     size = _triple(obj, "size", where, low=0)
@@ -134,12 +144,6 @@ def _parse_scale(obj: Any, index: int) -> _ScaleInfo:
         or not all(isinstance(r, int | float) and not isinstance(r, bool) for r in resolution)
     ):
         raise ShardingConfigError(f"{where}: field 'resolution' is {resolution!r}, not a list of 3 numbers")
-    raw_sharding = obj.get("sharding")
-    sharding = (
-        None
-        if raw_sharding is None
-        else PrecomputedSharding.from_json(raw_sharding, f"{where}: field 'sharding'")
-    )
     if sharding is not None:
         if len(shapes) != 1:
             raise ShardingConfigError(
