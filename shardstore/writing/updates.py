@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.formats.base import ShardFormat
 
 __all__ = [
     "ShardUpdates",
@@ -19,6 +20,7 @@ __all__ = [
     "covers_shard",
     "independent_of_old",
     "merge_updates",
+    "rebuilt_shard",
 ]
 
 
@@ -87,3 +89,22 @@ def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False
     return all(_gives_value(updates.get(pos)) for pos in needed)
+
+
+def rebuilt_shard(
+    fmt: ShardFormat, key: str, old: bytes | None, updates: Mapping[int, list[Update]], *, keep_empty: bool
+) -> bytes | None:
+    """The shard ``key`` as one compact object of format ``fmt``: its old chunks with
+    ``updates`` applied; None (delete it) once no chunk is left, unless ``keep_empty``
+    (an emptied shard stays, empty, where deletes are not ordered against other
+    writers: see ``Capabilities.ordered_deletes``)."""
+    chunks = {} if old is None else fmt.split(old, key)
+    for chunk, ups in updates.items():
+        value = apply_updates(chunks.get(chunk), ups)
+        if value is None:
+            chunks.pop(chunk, None)
+        else:
+            chunks[chunk] = value
+    if not chunks:
+        return fmt.build({}) if keep_empty and old is not None else None
+    return fmt.build(chunks)

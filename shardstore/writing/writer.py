@@ -46,6 +46,7 @@ from shardstore.writing.updates import (
     apply_updates,
     covers_shard,
     independent_of_old,
+    rebuilt_shard,
 )
 
 __all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter", "WriteStrategy"]
@@ -309,17 +310,10 @@ class ShardWriter:
         if shard.indexed is None and self._confirm_place is not None:
             await self._confirm_place(shard)  # chunk ids: the array may have been renumbered elsewhere
 
+        keep_empty = not self._inner.capabilities.ordered_deletes
+
         def change(blob: bytes | None) -> bytes | None:
-            chunks = {} if blob is None else shard.shard_format.split(blob, shard.key)
-            for pos, ups in updates.items():
-                value = apply_updates(chunks.get(pos), ups)
-                if value is None:
-                    chunks.pop(pos, None)
-                else:
-                    chunks[pos] = value
-            if not chunks and blob is not None and not self._inner.capabilities.ordered_deletes:
-                return shard.shard_format.build({})  # kept, empty: see Capabilities.ordered_deletes
-            return shard.shard_format.build(chunks) if chunks else None
+            return rebuilt_shard(shard.shard_format, shard.key, blob, updates, keep_empty=keep_empty)
 
         # Either way the inner store orders this against other writers of the shard
         # (locks, conditional writes).

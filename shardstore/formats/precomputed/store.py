@@ -39,6 +39,7 @@ from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 from shardstore.reading.ranges import MERGE_GAP, merge_ranges
 from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
+from shardstore.writing.updates import Update, rebuilt_shard
 
 __all__ = ["PrecomputedShardedStore"]
 
@@ -339,16 +340,11 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         await gather(*(self._rewrite(key, changes) for key, changes in by_shard.items()))
 
     async def _rewrite(self, key: str, changes: dict[int, bytes | None]) -> None:
+        updates: dict[int, list[Update]] = {chunk_id: [value] for chunk_id, value in changes.items()}
+        keep_empty = not self._inner.capabilities.ordered_deletes
+
         def change(old: bytes | None) -> bytes | None:
-            chunks = {} if old is None else split_shard(self.sharding, old, key)
-            for chunk_id, value in changes.items():
-                if value is None:
-                    chunks.pop(chunk_id, None)
-                else:
-                    chunks[chunk_id] = value
-            if not chunks and old is not None and not self._inner.capabilities.ordered_deletes:
-                return self.sharding.build({})  # kept, empty: see Capabilities.ordered_deletes
-            return self.sharding.build(chunks) if chunks else None
+            return rebuilt_shard(self.sharding, key, old, updates, keep_empty=keep_empty)
 
         try:
             with failure("commit", key):
