@@ -1,29 +1,15 @@
-"""Where a chunk lives: its shard object and its place in that shard.
-
-In the indexed format a chunk's place is its position in the shard's index, and
-its shard is its grid coordinates floor-divided by ``chunks_per_shard``. In the
-neuroglancer format it is its id, the compressed Morton code of its grid
-position, and its shard is the one that id hashes to (``<shard>.shard`` under
-the array's chunk prefix)."""
+"""Where a chunk lives: its shard object and its place in that shard, as the array's
+shard format maps it (``ShardFormat.locate``): in the indexed format, a block of the
+grid and an index position; in the neuroglancer format, a shard file and a chunk id.
+Shard objects are named by the array's chunk key grammar, or by the format itself
+(``ShardFormat.shard_file``) below the array's shard prefix."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import numpy as np
-
 from shardstore.formats.base import ChunkTable, ShardFormat
-from shardstore.formats.indexed import IndexedFormat, present_positions
-from shardstore.formats.precomputed import (
-    PrecomputedSharding,
-    compressed_morton_code,
-    locate_ids,
-    morton_positions,
-    shard_file_name,
-    shard_number_of_name,
-)
-from shardstore.keys import chunk_coords_in_shard, locate_chunk
+from shardstore.formats.indexed import IndexedFormat, in_grid_positions
 from shardstore.metadata import ArrayInfo
 
 __all__ = ["ChunkAddress", "ShardAddress", "locate", "shard_at"]
@@ -52,26 +38,13 @@ class ShardAddress:
         """Index positions of this indexed shard's chunks that lie inside the array."""
         fmt = self.indexed
         assert fmt is not None
-        return _in_grid_positions(self.info.grid_shape, fmt.chunks_per_shard, self.coords)
+        return in_grid_positions(self.info.grid_shape, fmt.chunks_per_shard, self.coords)
 
     def present_keys(self, table: ChunkTable) -> list[tuple[int, str]]:
         """(place, chunk key) of every chunk inside the array the table says is
         present (other tools may store chunks beyond the array's edge)."""
-        if isinstance(table, dict):
-            ids = np.fromiter(table, dtype=np.uint64, count=len(table))
-            coords = morton_positions(ids, self.info.grid_shape)
-            inside = np.all(coords < np.asarray(self.info.grid_shape, dtype=np.int64), axis=1)
-            return sorted(
-                (int(i), self.info.key(c.tolist())) for i, c in zip(ids[inside], coords[inside], strict=True)
-            )
-        fmt = self.indexed
-        assert fmt is not None
-        positions = present_positions(table)
-        inside_positions = self.in_grid_positions()
-        if len(inside_positions) < fmt.n_chunks:
-            positions = positions[np.isin(positions, inside_positions)]
-        grid = chunk_coords_in_shard(self.coords, fmt.chunks_per_shard)[positions]
-        return [(int(p), self.info.key(c.tolist())) for p, c in zip(positions, grid, strict=True)]
+        members = self.shard_format.members(table, self.coords, self.info.grid_shape)
+        return [(place, self.info.key(list(coords))) for place, coords in members]
 
 
 @dataclass(frozen=True)
@@ -85,31 +58,20 @@ class ChunkAddress:
 
 def locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> ChunkAddress:
     fmt = info.shard_format
-    if isinstance(fmt, PrecomputedSharding):
-        chunk_id = compressed_morton_code(np.array([coords]), info.grid_shape)
-        shard = int(locate_ids(fmt, chunk_id)[0][0])
-        shard_key = info.shard_prefix + shard_file_name(fmt, shard)
-        return ChunkAddress(key, ShardAddress(info, shard_key, (shard,)), int(chunk_id[0]))
-    assert isinstance(fmt, IndexedFormat)
-    shard_coords, position = locate_chunk(coords, fmt.chunks_per_shard)
-    return ChunkAddress(key, ShardAddress(info, info.key(shard_coords), shard_coords), position)
+    assert fmt is not None
+    shard, place = fmt.locate(coords, info.grid_shape)
+    shard_key = info.shard_prefix + fmt.shard_file(shard) if fmt.named_shards else info.key(shard)
+    return ChunkAddress(key, ShardAddress(info, shard_key, shard), place)
 
 
 def shard_at(info: ArrayInfo, key: str) -> ShardAddress | None:
     """The shard object ``key`` is, of a sharded array (None: not one of its shards)."""
     fmt = info.shard_format
-    if isinstance(fmt, PrecomputedSharding):
-        name = key[len(info.shard_prefix) :] if key.startswith(info.shard_prefix) else ""
-        number = shard_number_of_name(fmt, name)
-        return None if number is None else ShardAddress(info, key, (number,))
-    coords = info.coords(key) if fmt is not None else None
-    return None if coords is None else ShardAddress(info, key, coords)
-
-
-@functools.lru_cache(maxsize=4096)
-def _in_grid_positions(
-    grid_shape: tuple[int, ...], chunks_per_shard: tuple[int, ...], shard_coords: tuple[int, ...]
-) -> tuple[int, ...]:
-    coords = chunk_coords_in_shard(shard_coords, chunks_per_shard)
-    inside = np.all(coords < np.asarray(grid_shape, dtype=np.int64), axis=1)
-    return tuple(int(p) for p in np.flatnonzero(inside))
+    if fmt is None:
+        return None
+    if not fmt.named_shards:
+        coords = info.coords(key)
+        return None if coords is None else ShardAddress(info, key, coords)
+    name = key[len(info.shard_prefix) :] if key.startswith(info.shard_prefix) else ""
+    shard = fmt.shard_of_file(name)
+    return None if shard is None else ShardAddress(info, key, shard)

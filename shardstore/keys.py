@@ -12,8 +12,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-import numpy.typing as npt
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import InvalidKeyError
@@ -24,9 +22,7 @@ __all__ = [
     "candidate_array_paths",
     "check_byte_range",
     "check_key",
-    "chunk_coords_in_shard",
     "join_path",
-    "locate_chunk",
     "split_key",
 ]
 
@@ -145,24 +141,3 @@ def candidate_array_paths(key: str) -> list[str]:
     for cut in cuts:
         seen.setdefault("/".join(segs[:cut]), None)
     return list(seen)
-
-
-def locate_chunk(coords: tuple[int, ...], chunks_per_shard: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
-    """The shard holding a chunk (grid coordinates floor-divided by chunks_per_shard) and
-    the chunk's C-order position in that shard's index. Plain ints: one key at a time,
-    numpy would cost more than the arithmetic."""
-    shard: list[int] = []
-    position = 0
-    for c, n in zip(coords, chunks_per_shard, strict=True):
-        q, r = divmod(c, n)
-        shard.append(q)
-        position = position * n + r
-    return tuple(shard), position
-
-
-def chunk_coords_in_shard(
-    shard_coords: tuple[int, ...], chunks_per_shard: tuple[int, ...]
-) -> npt.NDArray[np.int64]:
-    """Chunk coordinates of every position of a shard, one row per position in C order."""
-    local = np.indices(chunks_per_shard, dtype=np.int64).reshape(len(chunks_per_shard), -1).T
-    return local + np.asarray(shard_coords, dtype=np.int64) * np.asarray(chunks_per_shard, dtype=np.int64)

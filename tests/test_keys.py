@@ -8,12 +8,11 @@ import pytest
 from hypothesis import given
 
 from shardstore.errors import InvalidKeyError
+from shardstore.formats.indexed import IndexedFormat, block_coords
 from shardstore.keys import (
     ChunkKeyGrammar,
     candidate_array_paths,
     check_key,
-    chunk_coords_in_shard,
-    locate_chunk,
 )
 
 grammars = st.sampled_from(
@@ -76,18 +75,23 @@ def grid_case(draw: st.DrawFn) -> tuple[np.ndarray, tuple[int, ...]]:
     return np.array(coords, dtype=np.int64), cps
 
 
+def _locate(coords: tuple[int, ...], cps: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    grid = tuple(c + 1 for c in coords)  # (the indexed format's mapping needs no grid)
+    return IndexedFormat(cps).locate(coords, grid)
+
+
 @given(grid_case())
 def test_locate_inverts_chunk_coords_in_shard(case: tuple[np.ndarray, tuple[int, ...]]) -> None:
     coords, cps = case
     for row in coords:
-        shard, pos = locate_chunk(tuple(int(c) for c in row), cps)
+        shard, pos = _locate(tuple(int(c) for c in row), cps)
         assert shard == tuple(int(c) for c in row // np.array(cps))  # floor division, as ZEP 2 says
-        assert (chunk_coords_in_shard(shard, cps)[pos] == row).all()
+        assert (block_coords(shard, cps)[pos] == row).all()
 
 
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
 def test_positions_are_c_order(cps: tuple[int, ...]) -> None:
-    all_coords = chunk_coords_in_shard((0,) * len(cps), cps)
-    pos = [locate_chunk(tuple(int(c) for c in row), cps)[1] for row in all_coords]
+    all_coords = block_coords((0,) * len(cps), cps)
+    pos = [_locate(tuple(int(c) for c in row), cps)[1] for row in all_coords]
     assert pos == list(range(int(np.prod(cps))))
     assert [tuple(r) for r in all_coords] == sorted(tuple(r) for r in all_coords)

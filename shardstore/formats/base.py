@@ -60,6 +60,35 @@ class ShardFormat(ABC):
     def to_config(self) -> dict[str, Any]:
         """The configuration :meth:`from_config` reads back."""
 
+    # -- key mapping: where the chunks of a zarr array's grid go (pure) ---------------
+
+    @abstractmethod
+    def locate(self, coords: tuple[int, ...], grid_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """The shard holding the chunk at grid ``coords`` (in the format's own terms: a
+        block of the grid, or a shard number) and the chunk's place in it (its index
+        position, or its chunk id)."""
+
+    named_shards: ClassVar[bool] = False
+    """Whether the format names its shard objects itself (:meth:`shard_file`, below the
+    array's shard prefix); else a shard's key is the array's chunk key of its grid block."""
+
+    def shard_file(self, shard: tuple[int, ...]) -> str:
+        """The name of the object of ``shard``, where :attr:`named_shards`."""
+        raise NotImplementedError(f"{self.type_name} shards are named by their grid block")
+
+    def shard_of_file(self, name: str) -> tuple[int, ...] | None:
+        """The shard an object ``name`` below the shard prefix is, where
+        :attr:`named_shards` (None: no shard of this format)."""
+        raise NotImplementedError(f"{self.type_name} shards are named by their grid block")
+
+    @abstractmethod
+    def members(
+        self, table: ChunkTable, shard: tuple[int, ...], grid_shape: tuple[int, ...]
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        """``(place, grid coordinates)`` of every chunk ``table`` lists in ``shard`` that
+        lies inside a grid of ``grid_shape`` (other tools may store chunks past its
+        edge), in the order of their places."""
+
     @abstractmethod
     def index_request(self) -> ByteRequest:
         """Where a reader finds the index, without knowing the object's size."""

@@ -11,6 +11,7 @@ its position in the index.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import numpy.typing as npt
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
-from shardstore.formats.base import ShardFormat
+from shardstore.formats.base import ChunkTable, ShardFormat
 from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "IndexLocation",
     "IndexedFormat",
     "ShardIndex",
+    "block_coords",
+    "in_grid_positions",
     "index_problem",
     "is_codec",
     "live_bytes",
@@ -173,6 +176,31 @@ class IndexedFormat(ShardFormat):
     @property
     def index_nbytes(self) -> int:
         return self.n_chunks * _ENTRY_NBYTES + (_CHECKSUM_NBYTES if self.index_checksum else 0)
+
+    # -- key mapping -----------------------------------------------------------------
+
+    def locate(self, coords: tuple[int, ...], grid_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        """Grid coordinates floor-divided by ``chunks_per_shard``, and the C-order index
+        position within the block. Plain ints: one key at a time, numpy would cost more
+        than the arithmetic."""
+        shard: list[int] = []
+        position = 0
+        for c, n in zip(coords, self.chunks_per_shard, strict=True):
+            q, r = divmod(c, n)
+            shard.append(q)
+            position = position * n + r
+        return tuple(shard), position
+
+    def members(
+        self, table: ChunkTable, shard: tuple[int, ...], grid_shape: tuple[int, ...]
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        assert not isinstance(table, dict)
+        positions = present_positions(table)
+        inside = in_grid_positions(grid_shape, self.chunks_per_shard, shard)
+        if len(inside) < self.n_chunks:
+            positions = positions[np.isin(positions, inside)]
+        grid = block_coords(shard, self.chunks_per_shard)[positions]
+        return [(int(p), tuple(c)) for p, c in zip(positions.tolist(), grid.tolist(), strict=True)]
 
     def index_request(self) -> ByteRequest:
         if self.index_location == "start":
@@ -385,3 +413,19 @@ def live_bytes(index: ShardIndex) -> int:
     new_run = np.concatenate([[True], starts[1:] > reach[:-1]])
     run_ends = np.maximum.reduceat(ends, np.flatnonzero(new_run))
     return int((run_ends - starts[new_run]).sum())
+
+
+def block_coords(shard: tuple[int, ...], chunks_per_shard: tuple[int, ...]) -> npt.NDArray[np.int64]:
+    """Grid coordinates of every position of the block ``shard``, one row per position
+    in C order."""
+    local = np.indices(chunks_per_shard, dtype=np.int64).reshape(len(chunks_per_shard), -1).T
+    return local + np.asarray(shard, dtype=np.int64) * np.asarray(chunks_per_shard, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=4096)
+def in_grid_positions(
+    grid_shape: tuple[int, ...], chunks_per_shard: tuple[int, ...], shard: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Index positions of the block ``shard`` that lie inside a grid of ``grid_shape``."""
+    inside = np.all(block_coords(shard, chunks_per_shard) < np.asarray(grid_shape, dtype=np.int64), axis=1)
+    return tuple(int(p) for p in np.flatnonzero(inside))

@@ -9,10 +9,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Final, Literal, cast
 
+import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.base import ShardFormat
+from shardstore.formats.base import ChunkTable, ShardFormat
+from shardstore.formats.precomputed.ids import (
+    compressed_morton_code,
+    locate_ids,
+    morton_positions,
+    shard_file_name,
+    shard_number_of_name,
+)
 from shardstore.formats.precomputed.shard_file import build_shard, parse_shard, shard_problems, split_shard
 
 __all__ = ["MAX_MINISHARD_BITS", "TYPE_NAME", "Encoding", "HashName", "PrecomputedSharding"]
@@ -165,6 +173,31 @@ class PrecomputedSharding(ShardFormat):
     def parse(self, blob: bytes, key: str) -> dict[int, tuple[int, int]]:
         """Where each chunk's stored bytes lie in a whole shard file, checked."""
         return parse_shard(self, blob, key)
+
+    # -- key mapping: chunk ids by compressed Morton code, shard files by hash -----
+
+    def locate(self, coords: tuple[int, ...], grid_shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+        chunk_id = compressed_morton_code(np.array([coords]), grid_shape)
+        return (int(locate_ids(self, chunk_id)[0][0]),), int(chunk_id[0])
+
+    named_shards: ClassVar[bool] = True
+
+    def shard_file(self, shard: tuple[int, ...]) -> str:
+        return shard_file_name(self, shard[0])
+
+    def shard_of_file(self, name: str) -> tuple[int, ...] | None:
+        number = shard_number_of_name(self, name)
+        return None if number is None else (number,)
+
+    def members(
+        self, table: ChunkTable, shard: tuple[int, ...], grid_shape: tuple[int, ...]
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        ids = np.fromiter(table, dtype=np.uint64, count=len(table))
+        coords = morton_positions(ids, grid_shape)
+        inside = np.all(coords < np.asarray(grid_shape, dtype=np.int64), axis=1)
+        return sorted(
+            (i, tuple(c)) for i, c in zip(ids[inside].tolist(), coords[inside].tolist(), strict=True)
+        )
 
     def index_request(self) -> ByteRequest:
         """The shard index: the first-level index, at the start of every shard file."""
