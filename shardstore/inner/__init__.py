@@ -7,6 +7,9 @@ system (its async API where it has one, threads otherwise; S3 with
 conditional writes), local files (replaced atomically, under per-shard file
 locks), or a plain mapping. Failures other than "not found"
 become :class:`~shardstore.errors.InnerStoreError` naming the key.
+
+May import: ``errors``, ``sync_bridge``, ``tasks`` and the storage libraries;
+nothing that knows shards, formats or zarr arrays.
 """
 
 from __future__ import annotations
