@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from shardstore.inner import InnerStore
 from shardstore.tasks import gather
 
+__all__ = ["VERIFY_BATCH", "Progress", "sizes_of"]
+
 if TYPE_CHECKING:
     pass
 

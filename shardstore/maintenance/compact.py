@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shardstore.errors import (
-    ReadOnlyError,
-)
+from shardstore.errors import ReadOnlyError
 from shardstore.maintenance.common import Progress
 from shardstore.maintenance.survey import ShardReport, Surveyed, survey
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
+
+__all__ = ["compact", "compact_async"]
 
 if TYPE_CHECKING:
     from shardstore.store import ShardingStore

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardstore.errors import (
-    ShardingConfigError,
-)
+from shardstore.errors import ShardingConfigError
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.maintenance.survey import Surveyed, survey
 from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Layout
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
 from shardstore.writing.writer import WriteStrategy
+
+__all__ = ["ArrayReport", "info", "info_async"]
 
 if TYPE_CHECKING:
     from shardstore.store import ShardingStore

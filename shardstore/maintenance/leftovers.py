@@ -26,6 +26,8 @@ STALE_SHARD = (
     "read; delete it when no resize of the array runs"
 )
 
+__all__ = ["LEFTOVERS", "STALE_SHARD", "leftovers", "leftovers_async", "owner"]
+
 
 def owner(hidden: str) -> tuple[str, str]:
     """(object key, kind) of one of the hidden files beside objects: ``.<name>.appending``,

@@ -6,13 +6,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from shardstore.errors import (
-    ShardFormatError,
-)
+from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable
 from shardstore.formats.indexed import MISSING, live_bytes
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
+
+__all__ = [
+    "ShardReport",
+    "Surveyed",
+    "list_keys",
+    "list_keys_async",
+    "read_indices_past_damage",
+    "shard_reports",
+    "shard_reports_async",
+    "survey",
+]
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress

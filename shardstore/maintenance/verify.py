@@ -9,17 +9,15 @@ from typing import TYPE_CHECKING, Any
 import zarr.api.asynchronous
 from zarr.core.buffer import default_buffer_prototype
 
-from shardstore.errors import (
-    InnerStoreError,
-    ShardFormatError,
-    ShardingConfigError,
-)
+from shardstore.errors import InnerStoreError, ShardFormatError, ShardingConfigError
 from shardstore.keys import join_path
 from shardstore.maintenance.common import VERIFY_BATCH, Progress, sizes_of
 from shardstore.maintenance.leftovers import owner
 from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Document, load_document
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
+
+__all__ = ["verify", "verify_async"]
 
 if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress

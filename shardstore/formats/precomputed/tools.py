@@ -1,4 +1,11 @@
-"""``info``, ``ls``, ``verify`` and leftovers of neuroglancer precomputed data."""
+"""``info``, ``ls``, ``verify`` and leftovers of neuroglancer precomputed data: the
+sharded scales of a precomputed volume (an ``info`` file listing ``scales``), the
+shard directory of a mesh or skeleton source (an ``info`` file with a top-level
+``sharding``), or a bare directory of ``.shard`` files with its sharding given.
+``info`` and ``ls`` read shard and minishard indices only (through the wing's
+store, as reads do); ``verify`` reads every shard file whole.
+:class:`PrecomputedLocation` answers the command line's
+:class:`~shardstore.maintenance.inspection.Inspection`."""
 
 from __future__ import annotations
 
@@ -7,14 +14,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
-from shardstore.errors import (
-    ShardFormatError,
-    ShardStoreError,
-)
+from shardstore.errors import ShardFormatError, ShardStoreError
 from shardstore.formats.precomputed import (
     PrecomputedSharding,
     locate_ids,
@@ -31,18 +35,21 @@ from shardstore.maintenance.leftovers import LEFTOVERS, owner
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
 
-if TYPE_CHECKING:
-    pass
-
-
-# -- neuroglancer precomputed ------------------------------------------------------------
-#
-# ``info``, ``ls`` and ``verify`` of the neuroglancer precomputed sharded format
-# (``neuroglancer_uint64_sharded_v1``): the sharded scales of a precomputed volume (an
-# ``info`` file listing ``scales``), the shard directory of a mesh or skeleton source
-# (an ``info`` file with a top-level ``sharding``), or a bare directory of ``.shard``
-# files with its sharding given. ``info`` and ``ls`` read shard and minishard indices
-# only; ``verify`` reads every shard file whole.
+__all__ = [
+    "PrecomputedLocation",
+    "PrecomputedReport",
+    "ScaleDirectory",
+    "find_precomputed",
+    "find_precomputed_async",
+    "precomputed_info",
+    "precomputed_info_async",
+    "precomputed_keys",
+    "precomputed_keys_async",
+    "precomputed_leftovers",
+    "precomputed_leftovers_async",
+    "verify_precomputed",
+    "verify_precomputed_async",
+]
 
 _INFO: Final = "info"
 _UNSHARDED_CHUNK = re.compile(r"\d+-\d+_\d+-\d+_\d+-\d+")
