@@ -142,6 +142,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         return other  # type: ignore[return-value]  # zarr takes any CodecPipeline here
 
     def evolve_from_array_spec(self, array_spec: ArraySpec) -> Self:
+        """This pipeline for one array (as zarr evolves its codecs), its fallback evolved too."""
         evolved = super().evolve_from_array_spec(array_spec)
         fallback = _fallback_class()
         other = (
@@ -209,6 +210,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
     async def write(
         self, batch_info: Iterable[ChunkInfo], value: NDBuffer, drop_axes: tuple[int, ...] = ()
     ) -> None:
+        """Write the chunks of a selection from ``value``: on a ShardingStore each shard's
+        chunks are encoded together and committed once (``set_many``); elsewhere the
+        fallback pipeline writes them."""
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:

@@ -181,6 +181,7 @@ class ShardingStore(Store):
         self.__init__(**state)  # type: ignore[misc]
 
     def with_read_only(self, read_only: bool = False) -> ShardingStore:
+        """The same store (same inner store and options), opened read-only or writable."""
         return type(self)(**self._init_kwargs(), read_only=read_only)
 
     @property
@@ -190,14 +191,17 @@ class ShardingStore(Store):
 
     @property
     def supports_writes(self) -> bool:
+        """True: chunks and metadata can be written (unless opened read-only)."""
         return True
 
     @property
     def supports_deletes(self) -> bool:
+        """True: keys can be deleted; a shard emptied of its chunks is deleted too."""
         return True
 
     @property
     def supports_listing(self) -> bool:
+        """True: listings read the shard indices and name chunk keys, as zarr expects."""
         return True
 
     @property
@@ -232,12 +236,15 @@ class ShardingStore(Store):
     def get_sync(
         self, key: str, *, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
+        """:meth:`get` from synchronous code, also inside a running event loop."""
         return sync_bridge.run(self.get(key, prototype or default_buffer_prototype(), byte_range))
 
     def set_sync(self, key: str, value: Buffer) -> None:
+        """:meth:`set` from synchronous code, also inside a running event loop."""
         sync_bridge.run(self.set(key, value))
 
     def delete_sync(self, key: str) -> None:
+        """:meth:`delete` from synchronous code, also inside a running event loop."""
         sync_bridge.run(self.delete(key))
 
     # -- reads ---------------------------------------------------------------------
@@ -245,6 +252,8 @@ class ShardingStore(Store):
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
+        """The value of ``key`` (a chunk is read out of its shard), or ``byte_range`` of it;
+        None if absent. The reads of one event-loop turn are batched per shard."""
         check_byte_range(byte_range)
         check_key(key)
         return await self._reads.get(prototype, key, byte_range)
@@ -331,12 +340,14 @@ class ShardingStore(Store):
         return None if entry is None else entry[1]
 
     async def exists(self, key: str) -> bool:
+        """Whether ``key`` is present: a chunk if its shard's index lists it."""
         check_key(key)
         if await self._router.route(key) == "inner":
             return await self._inner.exists(key)
         return await self._size(key) is not None
 
     async def getsize(self, key: str) -> int:
+        """The size of ``key``'s value (a chunk's stored bytes); FileNotFoundError if absent."""
         check_key(key)
         size = await self._size(key)
         if size is None:
@@ -351,6 +362,8 @@ class ShardingStore(Store):
     # -- writes --------------------------------------------------------------------
 
     async def set(self, key: str, value: Buffer) -> None:
+        """Write ``key``: a chunk is committed into its shard (read-modify-write that loses
+        no other writer's chunk) before this returns, or held by an open ``batch()``."""
         self._check_writable()
         if not isinstance(value, Buffer):
             raise TypeError(f"ShardingStore.set(): `value` must be a Buffer instance. Got {type(value)!r}.")
@@ -426,6 +439,7 @@ class ShardingStore(Store):
     # -- deletes -----------------------------------------------------------------
 
     async def delete(self, key: str) -> None:
+        """Delete ``key`` (a chunk: its entry in its shard's index); absent keys are no error."""
         await self.erase_values([key])
 
     async def erase_values(self, keys: Iterable[str]) -> None:
@@ -467,6 +481,7 @@ class ShardingStore(Store):
         self._catalog.remember(path, name, None)
 
     async def delete_dir(self, prefix: str) -> None:
+        """Delete every key under the directory ``prefix/``, shards whole."""
         self._check_writable()
         await self.erase_prefix(as_dir(prefix))
 
@@ -492,13 +507,17 @@ class ShardingStore(Store):
     # -- listing -------------------------------------------------------------------
 
     async def list(self) -> AsyncIterator[str]:
+        """Every key, chunks named from the shard indices (never shard objects)."""
         async for key in self._lister.list_prefix(""):
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        """Every key that starts with ``prefix``, chunks named from the shard indices."""
         async for key in self._lister.list_prefix(prefix):
             yield key
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        """The names directly below the directory ``prefix`` (chunk keys' first segments
+        from the shard indices)."""
         async for name in self._lister.list_dir(prefix):
             yield name

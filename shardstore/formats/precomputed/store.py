@@ -103,6 +103,7 @@ class PrecomputedShardedStore(MutableMapping[int, bytes]):
         return self._inner
 
     def shard_key(self, chunk_id: int) -> str:
+        """The name of the shard file holding ``chunk_id``."""
         shards, _ = locate_ids(self.sharding, np.array([_chunk_id(chunk_id)], dtype=np.uint64))
         return shard_file_name(self.sharding, int(shards[0]))
 

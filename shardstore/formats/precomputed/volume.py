@@ -438,15 +438,18 @@ class PrecomputedVolume:
 
     @property
     def scale_keys(self) -> list[str]:
+        """The ``key`` of every scale, in the ``info`` file's order."""
         return [s.key for s in self._scales]
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The voxels' data type (``data_type``)."""
         dtype: np.dtype[Any] = np.dtype(self.info["data_type"])
         return dtype
 
     @property
     def num_channels(self) -> int:
+        """Channels per voxel (``num_channels``)."""
         channels: int = self.info["num_channels"]
         return channels
 
