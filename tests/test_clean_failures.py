@@ -11,6 +11,7 @@ Azure (azurite), each started here on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -54,6 +55,15 @@ class Case:
 def _refuse(method: str, path: str, headers: dict[str, str], body: bytes | None, forward: Forward) -> Answer:
     xml = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
     return 403, [("Content-Type", "application/xml")], xml
+
+
+@pytest.fixture(autouse=True)
+def _collected() -> Iterator[None]:
+    """Collect garbage after each test of this module, while the suite's guard against
+    work left behind still listens: an outcome no one retrieved is then reported at the
+    test that left it, not at whichever later test the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
