@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -23,8 +24,11 @@ def test_version_is_in_one_place_and_public() -> None:
 
 def test_version_command_prints_the_version() -> None:
     expected = (0, f"shardstore {shardstore.__version__}\n", "")
-    script = str(Path(sys.executable).with_name("shardstore"))  # the console script beside this Python
-    for command in ([script], [sys.executable, "-m", "shardstore"]):
+    script = Path(sys.executable).with_name("shardstore")  # the console script beside this Python
+    commands = [[sys.executable, "-m", "shardstore"]]
+    if script.exists() or (script := Path(shutil.which("shardstore") or "")).is_file():
+        commands.append([str(script)])
+    for command in commands:
         done = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout, done.stderr) == expected, command
 
