@@ -2,9 +2,13 @@
 
 Wrap any fsspec mapper, zarr store or mapping in :class:`ShardingStore` and
 unmodified zarr arrays write many chunks into each shard object.
+
+The public API is exactly the names in ``__all__`` (with the ``shardstore``
+command and ``shard::`` URLs); every other module is internal.
 """
 
 from shardstore import errors
+from shardstore._version import __version__
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.formats.precomputed.store import PrecomputedShardedStore
 from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
@@ -18,5 +22,6 @@ __all__ = [
     "PrecomputedVolume",
     "ShardAwarePipeline",
     "ShardingStore",
+    "__version__",
     *errors.__all__,
 ]

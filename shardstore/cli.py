@@ -19,9 +19,9 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from shardstore._version import __version__
 from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
 from shardstore.metadata import ROOT_DOCUMENTS
 from shardstore.tasks import gather
@@ -311,7 +311,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {version('shardstore')}", help="print the version"
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
     demo = sub.add_parser(

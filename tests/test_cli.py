@@ -196,9 +196,10 @@ def test_help_documents_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
     for status, meaning in (("0", "success"), ("1", "damage found"), ("2", "usage error")):
         assert re.search(rf"^  {status}\s+{meaning}", epilog, re.MULTILINE), epilog
     assert "cannot be read" in epilog and "closed output pipe" in epilog
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = " ".join(readme[readme.index("## Command line") :].split())
-    assert "**Exit status:** 0 success; 1 damage found" in section and "2 a usage error" in section
+    page = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "cli.md").read_text()
+    section = " ".join(page[page.index("## Exit status") :].split())
+    assert section.startswith("## Exit status 0 success; 1 damage found") and "2 a usage error" in section
+    assert "130 interrupted" in section and "closed output pipe" in section
 
 
 # -- every option has help ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The README's entry points keep working: the demo and the examples."""
+"""The README's first command and the documented entry points keep working: the demo and the examples."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Interoperability: the codec layout, foreign sharded arrays, index options, layout switches.
 
-Every cell of the README's interop matrix (writer x reader x index options)
-is one of these tests.
+Every cell of the interop matrix in docs/guide/interoperability.md (writer x reader x
+index options) is one of these tests.
 """
 
 from __future__ import annotations
