@@ -10,18 +10,34 @@ command and ``shard::`` URLs); every other module is internal.
 from shardstore import errors
 from shardstore._version import __version__
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
+from shardstore.convert import ConvertReport, convert
+from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.formats.precomputed.store import PrecomputedShardedStore
 from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
+from shardstore.layouts import switch_layout
+from shardstore.maintenance import ArrayReport, ShardReport, compact, info, verify
 from shardstore.pipeline import PIPELINE_PATH, ShardAwarePipeline
+from shardstore.rechunk import rechunk_to_shards, shard_shape
 from shardstore.store import ShardingStore
 
 __all__ = [
     "PIPELINE_PATH",
+    "ArrayReport",
+    "ConvertReport",
     "PrecomputedScale",
     "PrecomputedShardedStore",
+    "PrecomputedSharding",
     "PrecomputedVolume",
     "ShardAwarePipeline",
+    "ShardReport",
     "ShardingStore",
     "__version__",
+    "compact",
+    "convert",
+    "info",
+    "rechunk_to_shards",
+    "shard_shape",
+    "switch_layout",
+    "verify",
     *errors.__all__,
 ]

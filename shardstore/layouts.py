@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from shardstore import sync_bridge
 from shardstore.errors import ShardingConfigError
 from shardstore.keys import join_path
 from shardstore.metadata import (
@@ -28,6 +27,7 @@ from shardstore.metadata import (
     load_document,
     present_document,
 )
+from shardstore.sync_bridge import blocking
 
 if TYPE_CHECKING:
     from shardstore.store import ShardingStore
@@ -97,6 +97,4 @@ async def switch_layout_async(store: ShardingStore, path: str, to: Layout) -> bo
     return True
 
 
-def switch_layout(store: ShardingStore, path: str, to: Layout) -> bool:
-    """Synchronous :func:`switch_layout_async`."""
-    return bool(sync_bridge.run(switch_layout_async(store, path, to)))
+switch_layout = blocking(switch_layout_async)
