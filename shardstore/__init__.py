@@ -9,8 +9,8 @@ command and ``shard::`` URLs); every other module is internal.
 
 from shardstore import errors
 from shardstore._version import __version__
-from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.convert import ConvertReport, convert
+from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.formats.precomputed.store import PrecomputedShardedStore
 from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
