@@ -9,7 +9,6 @@ command and ``shard::`` URLs); every other module is internal.
 
 from shardstore import errors
 from shardstore._version import __version__
-from shardstore.convert import ConvertReport, convert
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.formats.precomputed.store import PrecomputedShardedStore
@@ -23,7 +22,6 @@ from shardstore.store import ShardingStore
 __all__ = [
     "PIPELINE_PATH",
     "ArrayReport",
-    "ConvertReport",
     "PrecomputedScale",
     "PrecomputedShardedStore",
     "PrecomputedSharding",
@@ -33,7 +31,6 @@ __all__ = [
     "ShardingStore",
     "__version__",
     "compact",
-    "convert",
     "info",
     "rechunk_to_shards",
     "shard_shape",
