@@ -54,47 +54,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """How one store instance reads and writes (the keyword arguments of
-    :class:`~shardstore.ShardingStore` of the same names).
-
-    ``layout``: how new arrays' metadata describes their sharding.
-    ``write_strategy``: ``"rewrite"`` writes each commit as one compact shard;
-    ``"append"`` appends new chunks and a new index where the inner store can.
-    ``read_strategy``: ``"chunk"`` reads the ranges asked for (a batch that wants
-    half of a shard's chunks fetches it whole); ``"shard"`` fetches every shard a
-    read touches whole, into a shard cache of ``shard_cache_bytes``, so the rest
-    of a slab or whole-array read costs no request; ``"auto"`` fetches a remote
-    shard whole on its first read if its uncompressed size is at most
-    ``whole_shard_bytes`` (default 2 MiB) and otherwise reads its index (cached)
-    and the chunk ranges asked for, and fetches a local file's shard whole once it
-    is read a third time within a second (default up to 16 MiB). In-memory
-    stores read shards whole whatever the strategy (a range read there could meet
-    a newer shard than its index came from), caching them only with ``"shard"``
-    or ``index_cache="trust"``.
-    ``index_cache``: ``"auto"`` caches what a read can check for free (local
-    files: indices by version in the same read, whole shards by a ``stat``; S3:
-    indices, each range read carrying ``If-Match`` on the version its index came
-    from), and elsewhere serves a cached whole shard for at most
-    ``cache_max_age`` seconds after it was fetched, as it answers "absent" from a
-    cached S3 index (a ``stat`` checks that on local files); ``"revalidate"``
-    keeps cached shards but asks for each again on every read, downloading it
-    only if it changed (S3: a conditional GET on its ETag); ``"trust"`` caches
-    both until evicted (data that only this store changes); ``"off"`` caches
-    nothing. Writes through a store always drop what it cached.
-    ``index_cache_bytes`` bounds the index cache.
-    ``write_attempts``: conditional writes one commit tries against other
-    writers before :class:`~shardstore.errors.ShardConflictError`.
-    ``whole_shard_bytes``: the byte budget of ``read_strategy="auto"`` above (None:
-    2 MiB remote, 16 MiB local).
-    ``fetch_concurrency``: shards that one read or write of many chunks (through
-    :class:`~shardstore.pipeline.ShardAwarePipeline`, ``get_partial_values``,
-    ``set_many``) holds at once; the pipeline fetches or commits half of them while
-    it decodes or encodes the other half.
-    ``renumbering``: what a resize of an array in the neuroglancer format does when
-    the new grid would give stored chunks other ids: ``"migrate"`` moves them to
-    their new ids (a copy committed by the metadata write), ``"refuse"`` raises
-    :class:`~shardstore.errors.ShardingConfigError` before anything changes.
-    """
+    """How one store instance reads and writes: the keyword arguments of
+    :class:`~shardstore.ShardingStore` of the same names, checked once (their meaning
+    is documented there, where users read it)."""
 
     layout: Layout = "transformer"
     write_strategy: WriteStrategy = "rewrite"

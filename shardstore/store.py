@@ -49,19 +49,54 @@ __all__ = ["ShardingStore"]
 class ShardingStore(Store):
     """A zarr store that bundles the chunks of sharded arrays into shard objects.
 
-    ``inner`` is an fsspec mapper, a URL (with ``storage_options``), a zarr
-    store or a mutable mapping. ``chunks_per_shard`` decides the sharding of
-    arrays created through this store (a sequence for every array of its
-    rank, a mapping by array path, a callable ``(path, metadata) ->
-    sequence | None``, or None), with ``index_location`` and ``index_checksum``;
-    existing arrays keep the config recorded in their metadata. ``layout`` is
-    how new arrays' metadata describes the sharding (``"transformer"`` or the
-    ``"codec"`` zarr reads without shardstore). ``write_strategy``,
-    ``read_strategy``, the caches (``index_cache``, ``index_cache_bytes``,
-    ``shard_cache_bytes``, ``cache_max_age``), ``write_attempts`` and
-    ``renumbering`` are this instance's own choices, never recorded (see
-    :class:`~shardstore.options.StoreOptions`). A ``read_only`` store refuses
-    writes.
+    Arrays created through it are sharded as ``chunks_per_shard`` says; existing
+    arrays keep the configuration recorded in their metadata, so a plain
+    ``ShardingStore(inner)`` re-opens them. The options after ``layout`` are this
+    instance's own choices, never recorded.
+
+    Args:
+        inner: What holds the shards: an fsspec mapper, a URL or path (with
+            ``storage_options``), a zarr store or a mutable mapping.
+        chunks_per_shard: The sharding of new arrays: a sequence for every array of
+            its rank, a mapping by array path, a callable ``(path, metadata) ->
+            sequence | None``, a neuroglancer ``sharding`` object, or None (unsharded).
+        layout: How new arrays' metadata describes their sharding:
+            ``"transformer"`` (the ZEP 2 storage transformer) or ``"codec"`` (the
+            standard ``sharding_indexed`` codec, readable without shardstore).
+        read_only: Refuse every write.
+        index_location: Where new shards keep their index, ``"end"`` or ``"start"``.
+        index_checksum: Whether new shards' indices carry a crc32c.
+        write_strategy: ``"rewrite"`` writes each commit as one compact shard;
+            ``"append"`` appends new chunks and a new index where the inner store can
+            (local files), leaving dead bytes for ``compact``.
+        read_strategy: ``"chunk"`` reads the ranges asked for (a batch wanting half
+            of a shard's chunks fetches it whole); ``"shard"`` fetches every shard a
+            read touches whole, into the shard cache; ``"auto"`` fetches a remote
+            shard whole on its first read if it is at most ``whole_shard_bytes``, and
+            a local one once it is read a third time within a second. In-memory
+            stores always read whole shards.
+        index_cache: ``"auto"`` caches what a read can check for free (local files:
+            by version; S3, GCS, Azure: each range read is conditional on the version
+            its index came from) and elsewhere trusts a cached shard for
+            ``cache_max_age`` seconds; ``"revalidate"`` asks for each cached shard
+            again on every read (a conditional GET); ``"trust"`` caches until evicted
+            (data only this store changes); ``"off"`` caches nothing. Writes through
+            the store always drop what it cached.
+        index_cache_bytes: The bound of the index cache.
+        shard_cache_bytes: The bound of the shard cache (whole shards).
+        cache_max_age: Seconds a cached shard is served where it cannot be checked.
+        write_attempts: Conditional writes one commit tries against other writers
+            before :class:`ShardConflictError`.
+        whole_shard_bytes: The byte budget of ``read_strategy="auto"`` (None: 2 MiB
+            remote, 16 MiB local).
+        fetch_concurrency: Shards that one read or write of many chunks holds at
+            once; the pipeline fetches or commits half of them while it decodes or
+            encodes the other half.
+        renumbering: What a resize of a neuroglancer-format array does when the new
+            grid gives stored chunks other ids: ``"migrate"`` moves them (a copy
+            committed by the metadata write), ``"refuse"`` raises
+            :class:`ShardingConfigError` before anything changes.
+        storage_options: For a URL ``inner``: the fsspec file system's options.
     """
 
     def __init__(

@@ -211,6 +211,20 @@ class PrecomputedScale:
     absolute, the scale spanning ``[voxel_offset, voxel_offset + size)``. Chunks
     are addressed by their grid position ``(gx, gy, gz)``, chunk ``g`` covering
     ``voxel_offset + g * chunk_size`` up to the next chunk or the volume's end.
+    Scales come from :meth:`PrecomputedVolume.scale`, not from this constructor.
+
+    Attributes:
+        index: The scale's place in the ``info`` file's ``scales``.
+        key: Its directory below the volume (its ``key``).
+        size: Voxels along x, y and z.
+        voxel_offset: The absolute voxel position of its first voxel.
+        chunk_size: The chunk shape read (the first of ``chunk_sizes``).
+        chunk_sizes: Every chunk shape the ``info`` file lists.
+        encoding: The chunk encoding (only ``"raw"`` is read).
+        resolution: Nanometres per voxel along x, y and z.
+        num_channels: Channels per voxel.
+        dtype: The voxels' data type.
+        sharding: Its sharding, or None for one file per chunk.
     """
 
     def __init__(self, volume_inner: InnerStore, info: Mapping[str, Any], scale: _ScaleInfo) -> None:
