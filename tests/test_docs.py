@@ -41,7 +41,8 @@ def test_readme_starts_with_the_two_commands_and_stays_short() -> None:
         'pip install -e ".[test]" && python -m pytest -q\n```\n'
     )
     assert len(README.splitlines()) < 200
-    assert "about 2,300 tests on Python 3.11, 2,470 on 3.12+; six\nto seven minutes" in README
+    # what the second command costs, said where a newcomer reads it first
+    assert re.search(r"about [\d,]+ tests on Python 3\.11, [\d,]+ on 3\.12\+;\s+\w+\s+to \w+ minutes", README)
 
 
 def test_readme_links_reach_files_and_headings() -> None:
