@@ -117,16 +117,21 @@ def s3_server() -> Any:
         yield server
 
 
+def _on_server(server: Any, tmp_path: Path) -> dict[str, Any]:
+    """A store over a fresh directory of a local object-store server, by URL."""
+    return {
+        "inner": server.url(f"conformance/{tmp_path.name}"),
+        "storage_options": server.storage_options,
+        "chunks_per_shard": (2, 2),
+    }
+
+
 class TestOverS3(_Base):
     """s3fs (async, its sessions on one event loop) against moto_server."""
 
     @pytest.fixture
     def store_kwargs(self, s3_server: Any, tmp_path: Path) -> dict[str, Any]:
-        return {
-            "inner": s3_server.url(f"conformance/{tmp_path.name}"),
-            "storage_options": s3_server.storage_options,
-            "chunks_per_shard": (2, 2),
-        }
+        return _on_server(s3_server, tmp_path)
 
 
 class TestOverObstore(_Base):
@@ -164,11 +169,7 @@ class TestOverGCS(_Base):
 
     @pytest.fixture
     def store_kwargs(self, gcs_server: Any, tmp_path: Path) -> dict[str, Any]:
-        return {
-            "inner": gcs_server.url(f"conformance/{tmp_path.name}"),
-            "storage_options": gcs_server.storage_options,
-            "chunks_per_shard": (2, 2),
-        }
+        return _on_server(gcs_server, tmp_path)
 
 
 class TestOverAzure(_Base):
@@ -176,11 +177,7 @@ class TestOverAzure(_Base):
 
     @pytest.fixture
     def store_kwargs(self, azure_server: Any, tmp_path: Path) -> dict[str, Any]:
-        return {
-            "inner": azure_server.url(f"conformance/{tmp_path.name}"),
-            "storage_options": azure_server.storage_options,
-            "chunks_per_shard": (2, 2),
-        }
+        return _on_server(azure_server, tmp_path)
 
 
 class TestOverObstoreAzure(_Base):
