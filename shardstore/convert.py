@@ -458,7 +458,13 @@ def _in_memory(store: ShardingStore) -> bool:
 def _run_on_cluster(
     client: Client, src: ShardingStore, dst: ShardingStore, units: list[Unit], on_done: OnDone
 ) -> None:
-    """One task per unit; each worker thread opens the stores once."""
+    """One task per unit; each worker thread opens the stores once.
+
+    The results are awaited on ``client``'s own event loop: ``as_completed`` otherwise
+    uses the loop of the process's default client, and a program holding two clients
+    (the command line's, beside one a notebook or a test made first) would then gather
+    one client's futures on the other's loop, which may hang for ever (dask/distributed
+    #4357)."""
     import distributed
 
     dask: Any = distributed  # untyped
@@ -467,7 +473,7 @@ def _run_on_cluster(
     futures = cluster.map(_copy_unit_task, units, stores=stores, run=uuid.uuid4().hex, pure=False)
     by_key = {future.key: unit for future, unit in zip(futures, units, strict=True)}
     try:
-        for future, result in dask.as_completed(futures, with_results=True):
+        for future, result in dask.as_completed(futures, with_results=True, loop=cluster.loop):
             on_done(by_key[future.key], result)
     except BaseException:
         cluster.cancel(futures)  # tasks running finish (each shard is whole or not written)

@@ -1,5 +1,5 @@
 """Structured concurrency: every coroutine a call starts has ended when the call
-returns or raises.
+returns or raises, and nothing shardstore runs outlives the interpreter's exit.
 
 ``asyncio.gather`` leaves the other awaitables running (or, for coroutines not
 yet started, suspended) when one fails: they finish later, or are closed when
@@ -7,17 +7,44 @@ garbage-collected, perhaps after their event loop has ended, which prints
 "Task was destroyed but it is pending!" or a store error about a loop that is
 gone. :func:`gather` cancels them and waits for them instead, then raises the
 first error, with what the others raised as notes.
+
+Calls zarr abandons are another matter: zarr gathers several metadata reads,
+raises the first error and leaves the others running on its I/O loop, which it
+stops and closes at exit. So shardstore keeps two records: the background tasks
+it starts (:func:`spawn`: coalesced reads, shard commits) and the tasks waiting
+on storage (:func:`at_work`, entered by every inner operation). At exit, before
+zarr's loop stops, :func:`settle` cancels what is still in flight on each loop
+that still runs and waits for it to end; then the steps given to
+:func:`run_at_exit` run (closing HTTP sessions on their loops).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+import atexit
+import contextlib
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["gather"]
+__all__ = ["at_work", "gather", "in_flight", "run_at_exit", "settle", "spawn"]
 
 T = TypeVar("T")
+
+_SETTLE_TIMEOUT_S = 2.0
+"""How long the exit waits, in all, for cancelled work to end."""
+
+_lock = threading.Lock()
+_spawned: set[asyncio.Task[Any]] = set()
+"""Background tasks started by :func:`spawn`, until they end (also what keeps them
+referenced: a task no one references may be collected while it runs)."""
+_working: dict[asyncio.Task[Any], int] = {}
+"""Tasks inside an inner storage operation, with how many they are nested in."""
+_exit_steps: list[Callable[[], None]] = []
+_armed = False
 
 
 async def gather(*awaitables: Awaitable[T]) -> list[T]:
@@ -29,6 +56,8 @@ async def gather(*awaitables: Awaitable[T]) -> list[T]:
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
         return list(await asyncio.gather(*tasks))
+    except GeneratorExit:  # closed, not cancelled: its loop is gone, nothing can be awaited
+        raise
     except BaseException as first:
         for task in tasks:
             task.cancel()
@@ -37,3 +66,131 @@ async def gather(*awaitables: Awaitable[T]) -> list[T]:
             if isinstance(other, Exception) and other is not first:
                 first.add_note(f"also failed at the same time: {type(other).__name__}: {other}")
         raise
+
+
+def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Start ``coro`` as a task of the running loop, kept until it ends and settled at
+    exit. For work that serves several callers (a batch of reads, a shard commit),
+    which each wait for its outcome through a future of their own."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _arm()
+    with _lock:
+        _spawned.add(task)
+    task.add_done_callback(_forget_spawned)
+    return task
+
+
+def _forget_spawned(task: asyncio.Task[Any]) -> None:
+    with _lock:
+        _spawned.discard(task)
+
+
+@contextlib.contextmanager
+def at_work() -> Iterator[None]:
+    """Record the running task as waiting on storage until the block ends (nothing
+    outside a task, or outside an event loop, is recorded)."""
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    if task is None:
+        yield
+        return
+    _arm()
+    with _lock:
+        _working[task] = _working.get(task, 0) + 1
+    try:
+        yield
+    finally:
+        with _lock:
+            left = _working.pop(task) - 1
+            if left:
+                _working[task] = left
+
+
+def in_flight() -> list[asyncio.Task[Any]]:
+    """The recorded tasks that have not ended."""
+    with _lock:
+        return [task for task in {*_spawned, *_working} if not task.done()]
+
+
+def settle(timeout_s: float = _SETTLE_TIMEOUT_S) -> None:
+    """Cancel every recorded task still in flight and wait, at most ``timeout_s`` in
+    all, for each to end on its own loop (a loop running in another thread, or one
+    stopped but not closed); loops closed, or running in this thread, are left."""
+    deadline = time.monotonic() + timeout_s
+    here = asyncio._get_running_loop()
+    skipped: set[asyncio.Task[Any]] = set()
+    while (left := deadline - time.monotonic()) > 0:
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Task[Any]]] = {}
+        for task in in_flight():
+            if task not in skipped:
+                by_loop.setdefault(task.get_loop(), []).append(task)
+        if not by_loop:
+            return
+        for loop, tasks in by_loop.items():
+            left = deadline - time.monotonic()
+            if loop.is_closed() or loop is here or left <= 0:
+                skipped.update(tasks)
+                continue
+            with contextlib.suppress(Exception):  # at exit, with what there is: best effort
+                if loop.is_running():
+                    asyncio.run_coroutine_threadsafe(_cancelled(tasks, left), loop).result(left)
+                else:
+                    loop.run_until_complete(_cancelled(tasks, left))
+            skipped.update(task for task in tasks if not task.done())
+
+
+async def _cancelled(tasks: list[asyncio.Task[Any]], timeout_s: float) -> None:
+    for task in tasks:
+        task.cancel()
+    done, _ = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in done:  # nobody else will ask now: never "exception was never retrieved"
+        if not task.cancelled():
+            task.exception()
+
+
+def run_at_exit(step: Callable[[], None]) -> None:
+    """Run ``step`` (once) at interpreter exit, after :func:`settle`."""
+    _arm()
+    with _lock:
+        if step not in _exit_steps:
+            _exit_steps.append(step)
+
+
+def _at_exit() -> None:
+    settle()
+    with _lock:
+        steps = list(_exit_steps)
+    for step in steps:
+        with contextlib.suppress(Exception):
+            step()
+
+
+def _arm() -> None:
+    """Register the exit hook, once, so that it runs before zarr's (which stops and
+    closes zarr's loop) and weakref's (which runs the file systems' finalizers):
+    atexit runs the last registered first, and weakref registers its hook with the
+    first finalizer made in the process, so one is made first."""
+    global _armed
+    if _armed:
+        return
+    with _lock:
+        if _armed:
+            return
+        _armed = True
+    weakref.finalize(_arm, _nothing)
+    atexit.register(_at_exit)
+
+
+def _nothing() -> None:
+    """(A finalizer that does nothing, see :func:`_arm`.)"""
+
+
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's loops running: their tasks are not its own."""
+    global _lock
+    _lock = threading.Lock()
+    _spawned.clear()
+    _working.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

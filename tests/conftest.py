@@ -15,6 +15,8 @@ from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
 from shardstore import ShardingStore
 
+from .processes import Writers
+
 # gcsfs 2026 asks a bucket's type over gRPC first and waits 60 s a call for the GCS
 # emulator, which has none; set before gcsfs is imported, inherited by spawned writers
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
@@ -63,6 +65,14 @@ def s3() -> Iterator[Any]:
 
     with local_s3() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def writers() -> Iterator[Writers]:
+    """Writer processes for races between processes, kept for the whole session."""
+    made = Writers()
+    yield made
+    made.close()
 
 
 class _PendingTasks(logging.Handler):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import types
 from typing import Any
 
 import numpy as np
+import pytest
 
 from shardstore import ShardingStore
 from shardstore.formats.indexed import IndexedFormat
@@ -54,3 +57,24 @@ def sample(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
     else:
         raise NotImplementedError(dt)
     return flat.reshape(shape)
+
+
+class _ShiftedTime(types.SimpleNamespace):
+    """``time`` as a module sees it, with ``monotonic()`` moved on by ``shift`` seconds."""
+
+    shift = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.shift
+
+
+def later_clock(monkeypatch: pytest.MonkeyPatch) -> _ShiftedTime:
+    """shardstore's cache clocks, made to move on at will (``clock.shift += seconds``):
+    a cache entry ages past ``cache_max_age`` without the test waiting for it."""
+    from shardstore.formats.precomputed import store as precomputed_store
+    from shardstore.reading import reader
+
+    clock = _ShiftedTime(**{name: getattr(time, name) for name in ("time", "perf_counter", "sleep")})
+    for module in (reader, precomputed_store):
+        monkeypatch.setattr(module, "time", clock)
+    return clock

@@ -29,6 +29,7 @@ from shardstore.inner import AzureInner, GCSInner, adapt
 from shardstore.testing.azure import LocalAzure, local_azure
 from shardstore.testing.gcs import LocalGCS, local_gcs
 
+from .processes import Writers
 from .test_several_writers import CPS, _race
 
 
@@ -219,9 +220,11 @@ def test_gcs_and_azure_range_reads_never_read_a_replaced_shard(cloud: Cloud) -> 
 
 
 @pytest.mark.parametrize("mode", ["rewrite", "batch", "pipeline"])
-def test_gcs_and_azure_processes_writing_the_same_shards_lose_nothing(cloud: Cloud, mode: str) -> None:
+def test_gcs_and_azure_processes_writing_the_same_shards_lose_nothing(
+    writers: Writers, cloud: Cloud, mode: str
+) -> None:
     server, _ = cloud
-    good = _race(server.url(f"race-{mode}.zarr"), mode, server.storage_options)
+    good = _race(writers, server.url(f"race-{mode}.zarr"), mode, server.storage_options)
     assert int((~good).sum()) == 0, f"{int((~good).sum())} chunks lost or stale"
 
 

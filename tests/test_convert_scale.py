@@ -238,8 +238,24 @@ def test_convert_on_a_local_cluster(client: Any, source: Path, tmp_path: Path) -
 
 
 def test_cli_convert_with_scheduler_prints_a_summary(
-    client: Any, source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    client: Any,
+    source: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The command line makes a client of its own beside the test's, which stays the
+    process's default: the results are gathered on the loop of the client that made the
+    futures (on the default client's loop they may never arrive: the hang this once was)."""
+    made = distributed.as_completed
+    loops: list[bool] = []
+
+    def as_completed(futures: list[Any], *args: Any, **kwargs: Any) -> Any:
+        mine = futures[0].client.loop if futures else None  # (a resumed run may have no units)
+        loops.append(kwargs.get("loop") is mine is not distributed.default_client().loop)
+        return made(futures, *args, **kwargs)
+
+    monkeypatch.setattr(distributed, "as_completed", as_completed)
     address = client.scheduler.address
     assert cli(["convert", str(source), str(tmp_path / "dst"), "--chunks-per-shard", "4,4",
                 "--scheduler", address]) == 0  # fmt: skip
@@ -251,6 +267,7 @@ def test_cli_convert_with_scheduler_prints_a_summary(
     assert cli(["convert", str(source), str(tmp_path / "dst"), "--chunks-per-shard", "4,4",
                 "--scheduler", address]) == 0  # fmt: skip
     assert f"0 shard(s) written, {SHARDS} already complete" in capsys.readouterr().out
+    assert loops[0]
 
 
 def test_report_summary_lines() -> None:

@@ -1526,21 +1526,37 @@ def test_read_racing_a_rewrite_never_returns_garbage(backend: str) -> None:
     assert wrong == []  # actual: most of the 300 reads, e.g. b'NE-constant-value\x00\x00'
 
 
-def test_cancelling_one_writer_leaves_the_next_write_to_the_shard_alone() -> None:
-    from zarr.testing.store import LatencyStore
+class _HeldWrites(MemoryStore):
+    """A MemoryStore whose writes wait while ``hold`` is set, saying when one arrived."""
 
-    store = ShardingStore(LatencyStore(MemoryStore(), set_latency=0.2), (4, 4))
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold: asyncio.Event | None = None
+        self.arrived: asyncio.Event | None = None
+
+    async def set(self, key: str, value: Any, byte_range: Any = None) -> None:
+        if self.hold is not None and self.arrived is not None:
+            self.arrived.set()
+            await self.hold.wait()
+        await super().set(key, value)
+
+
+def test_cancelling_one_writer_leaves_the_next_write_to_the_shard_alone() -> None:
+    inner = _HeldWrites()
+    store = ShardingStore(inner, (4, 4))
     zarr.create_array(store, name="s", shape=(8, 8), chunks=(2, 2), dtype="u1", compressors=None)
     proto = default_buffer_prototype()
 
     async def scenario() -> Any:
+        inner.hold, inner.arrived = asyncio.Event(), asyncio.Event()
         first = asyncio.create_task(store.set("s/c/0/0", proto.buffer.from_bytes(b"AAAA")))
-        await asyncio.sleep(0.01)  # its commit is writing
+        await inner.arrived.wait()  # its commit is writing
         second = asyncio.create_task(store.set("s/c/0/2", proto.buffer.from_bytes(b"CCCC")))
-        await asyncio.sleep(0.001)  # queued behind it
+        for _ in range(50):  # loop turns, not time: the second write joins the next commit
+            await asyncio.sleep(0)
         first.cancel()
+        inner.hold.set()
         outcome = (await asyncio.gather(first, second, return_exceptions=True))[1]
-        await asyncio.sleep(0.5)
         return outcome, await store.get("s/c/0/2", proto)
 
     outcome, value = sync(scenario())

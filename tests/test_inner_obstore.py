@@ -4,7 +4,6 @@ started and stopped here, behind the counting proxy."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import pickle
 import socket
 from collections.abc import Hashable, Iterator
@@ -23,6 +22,8 @@ pytest.importorskip("moto.server")
 obstore = pytest.importorskip("obstore")
 from shardstore.inner import ObstoreInner  # noqa: E402
 from shardstore.testing.s3 import LocalS3, local_s3  # noqa: E402
+
+from .processes import Writers  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -332,20 +333,13 @@ def _writer(url: str, options: dict[str, Any], w: int, start: Any) -> None:
             arr[r * CHUNK : (r + 1) * CHUNK, c * CHUNK : (c + 1) * CHUNK] = _value(r, c, final)
 
 
-def test_processes_writing_the_same_shards_lose_nothing(s3: LocalS3) -> None:
+def test_processes_writing_the_same_shards_lose_nothing(writers: Writers, s3: LocalS3) -> None:
     """4 spawned processes each own some chunks of every shard and write them twice;
     only the store's conditional writes order them (as s3fs's in test_several_writers)."""
     url = s3.url("race.zarr")
     store = ShardingStore(ObstoreInner.from_url(url, s3.storage_options), chunks_per_shard=(4, 4))
     zarr.create_array(store, name="a", shape=(GRID * CHUNK,) * 2, chunks=(CHUNK, CHUNK), dtype="i4")
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_writer, args=(url, s3.storage_options, w, start)) for w in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    writers.together([(_writer, (url, s3.storage_options, w)) for w in range(WRITERS)])
     got = zarr.open_array(ShardingStore(ObstoreInner.from_url(url, s3.storage_options)), path="a")[:]
     blocks = got.reshape(GRID, CHUNK, GRID, CHUNK).transpose(0, 2, 1, 3)
     expected = np.array([[_value(r, c, True) for c in range(GRID)] for r in range(GRID)])

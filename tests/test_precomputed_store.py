@@ -6,9 +6,7 @@ shards; read-only stores; minishard index caches that notice other writers."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import struct
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +27,9 @@ from shardstore.formats.precomputed import (
     split_shard,
 )
 from shardstore.instrument import CountingInner
+
+from .helpers import later_clock
+from .processes import Writers
 
 ts = pytest.importorskip("tensorstore")
 
@@ -541,16 +542,9 @@ def _writer(path: str, w: int, start: Any) -> None:
     store.update({i: _value(i, True) for i in mine[half:]})
 
 
-def test_processes_writing_the_same_shards_lose_nothing(tmp_path: Path) -> None:
+def test_processes_writing_the_same_shards_lose_nothing(writers: Writers, tmp_path: Path) -> None:
     assert {_where(SHARED, i)[0] for i in range(IDS) if i % WRITERS == 0} == {"0.shard", "1.shard"}
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, start)) for w in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    writers.together([(_writer, (str(tmp_path), w)) for w in range(WRITERS)])
     got = dict(PrecomputedShardedStore(str(tmp_path), SHARED).items())
     lost = [i for i in range(IDS) if got.get(i) != _value(i, True)]
     assert len(lost) == 0, f"{len(lost)} chunks lost or stale: {lost[:10]}"
@@ -726,7 +720,9 @@ def test_cached_minishard_index_sees_tensorstore_rewrite(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("kind", ["s3", "dict"])
-def test_cache_sees_another_instance_rewrite_without_stat(kind: str, request: pytest.FixtureRequest) -> None:
+def test_cache_sees_another_instance_rewrite_without_stat(
+    kind: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where versions cannot be checked for free (S3: the cache is trusted for
     cache_max_age, then each range read carries If-Match; in memory: whole shards,
     no cache) a rewrite is still seen at once."""
@@ -750,11 +746,12 @@ def test_cache_sees_another_instance_rewrite_without_stat(kind: str, request: py
 
     # a chunk added to a cached minishard: an absent id needs no data read to check, so a
     # time-trusted cache sees it once its cache_max_age has passed (in memory: at once)
-    ageing = PrecomputedShardedStore(where, SMALL, storage_options=options, cache_max_age=0.3)
+    clock = later_clock(monkeypatch)
+    ageing = PrecomputedShardedStore(where, SMALL, storage_options=options, cache_max_age=60)
     assert ageing.get(WARM + 64) is None
     other[WARM + 64] = b"added"
     if kind == "s3":
-        time.sleep(0.35)
+        clock.shift += 61
     assert ageing[WARM + 64] == b"added" and reader.get(WARM) is None
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing as mp
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ import zarr
 from shardstore import PrecomputedShardedStore, ShardingStore
 from shardstore.formats.precomputed import PrecomputedSharding, compressed_morton_code, locate_ids
 from shardstore.maintenance import leftovers, verify
+
+from .processes import Writers
 
 GRID, CHUNK, WRITERS = 8, 4, 4
 SHARDINGS = {
@@ -83,14 +84,6 @@ def _kv_writer(root: str, sharding: PrecomputedSharding, w: int, start: Any) -> 
     kv.update({_chunk_id(r, c): _chunk_bytes(r, c, True) for r, c in _mine(w)})  # second: one update
 
 
-def _run(procs: list[Any]) -> None:
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * len(procs)
-
-
 def _lost(root: str, sharding: PrecomputedSharding) -> list[tuple[int, int]]:
     """Chunks not at their last written value: read by a fresh zarr store and, from the
     shard files alone, by the key-value store (the two must agree)."""
@@ -141,32 +134,29 @@ def test_every_writer_has_chunks_in_every_shard_and_minishards_are_shared(name: 
     ],
 )
 def test_processes_writing_the_same_precomputed_shards_lose_nothing(
-    tmp_path: Path, name: str, mode: str
+    writers: Writers, tmp_path: Path, name: str, mode: str
 ) -> None:
     root, sharding = str(tmp_path), SHARDINGS[name]
     _create(root, sharding)
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(WRITERS)
-    _run([ctx.Process(target=_zarr_writer, args=(root, mode, w, start)) for w in range(WRITERS)])
+    writers.together([(_zarr_writer, (root, mode, w)) for w in range(WRITERS)])
     lost = _lost(root, sharding)
     assert len(lost) == 0, f"{len(lost)} chunks lost or stale: {lost[:10]}"
     _check_clean(root, sharding)
 
 
-def test_zarr_and_key_value_writers_of_the_same_shards_take_turns(tmp_path: Path) -> None:
+def test_zarr_and_key_value_writers_of_the_same_shards_take_turns(writers: Writers, tmp_path: Path) -> None:
     """Two processes write through zarr, two through PrecomputedShardedStore, all into
     the same two shard files: both APIs lock the same files."""
     root, sharding = str(tmp_path), SHARDINGS["murmurhash"]
     _create(root, sharding)
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(WRITERS)
-    procs = [
-        ctx.Process(target=_zarr_writer, args=(root, "rewrite", 0, start)),
-        ctx.Process(target=_zarr_writer, args=(root, "batch", 1, start)),
-        ctx.Process(target=_kv_writer, args=(root, sharding, 2, start)),
-        ctx.Process(target=_kv_writer, args=(root, sharding, 3, start)),
-    ]
-    _run(procs)
+    writers.together(
+        [
+            (_zarr_writer, (root, "rewrite", 0)),
+            (_zarr_writer, (root, "batch", 1)),
+            (_kv_writer, (root, sharding, 2)),
+            (_kv_writer, (root, sharding, 3)),
+        ]
+    )
     lost = _lost(root, sharding)
     assert len(lost) == 0, f"{len(lost)} chunks lost or stale: {lost[:10]}"
     _check_clean(root, sharding)

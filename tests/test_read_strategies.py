@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from shardstore.options import ReadPolicy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.reader import ShardReader
 
+from .helpers import later_clock
+
 DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
 
 
@@ -32,14 +33,42 @@ class RemoteMapping(MappingInner):
     capabilities = Capabilities(remote=True)
 
 
-class SlowMapping(MappingInner):
-    """A mapping whose reads take a while, so that fetches overlap."""
+class HeldMapping(MappingInner):
+    """A mapping whose next read, once a test asks (``hold()``), takes its bytes and then
+    waits until ``release()``, saying when it got there (``held``): a fetch under way for
+    as long as the test needs, whatever the machine's load."""
+
+    def __init__(self, mapping: dict[str, Any]) -> None:
+        super().__init__(mapping)
+        self.held = asyncio.Event()
+        self._next: asyncio.Event | None = None
+        self._holding: asyncio.Event | None = None
+
+    def hold(self) -> None:
+        self._next = asyncio.Event()
+        self.held.clear()
+
+    def release(self) -> None:
+        assert self._holding is not None
+        self._holding.set()
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
-        await asyncio.sleep(0.05)
-        return await super().get_many_versioned(requests, expected)
+        values = await super().get_many_versioned(requests, expected)
+        gate, self._next = self._next, None
+        if gate is not None:
+            self._holding = gate
+            self.held.set()
+            await gate.wait()
+        return values
+
+
+async def _turns(n: int = 50) -> None:
+    """Let the loop run ``n`` turns: more than a read of an in-memory mapping takes to reach
+    it or to join a fetch under way (no I/O, no threads: a count, not a time)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
 
 
 def _written(inner: Any = None, **kwargs: Any) -> tuple[CountingInner, dict[str, Any]]:
@@ -159,14 +188,17 @@ def test_read_after_own_write_is_fresh(mode: str) -> None:
         assert arr[1, 1] == value and arr[2, 2] == DATA[2, 2]
 
 
-def test_another_writer_is_seen_once_the_cached_shard_is_older_than_max_age() -> None:
+def test_another_writer_is_seen_once_the_cached_shard_is_older_than_max_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = later_clock(monkeypatch)
     counted, _ = _written()
-    _, reader = _open(counted, read_strategy="shard", cache_max_age=0.2)
+    _, reader = _open(counted, read_strategy="shard", cache_max_age=60)
     _, writer = _open(counted)
     assert reader[0, 0] == DATA[0, 0]
     writer[0:2, 0:2] = 777
     assert reader[1, 1] == DATA[1, 1]  # a snapshot of the shard: old, never garbage
-    time.sleep(0.25)
+    clock.shift += 61
     assert reader[1, 1] == 777
 
 
@@ -189,20 +221,27 @@ def test_trusted_shards_stay_until_evicted() -> None:
 
 
 async def test_concurrent_fetches_of_one_shard_share_one_request() -> None:
-    counted, _ = _written(SlowMapping)
+    counted, _ = _written(HeldMapping)
+    held = counted.inner
+    assert isinstance(held, HeldMapping)
     store = ShardingStore(counted, read_strategy="shard")
     proto = default_buffer_prototype()
     await store.get("a/zarr.json", proto)
     counted.counts.reset()
+    held.hold()
     first = asyncio.ensure_future(store.get("a/c/0/0", proto))
-    await asyncio.sleep(0.01)  # the first fetch is under way: a later read joins it
-    second = await store.get("a/c/1/1", proto)
-    assert second is not None and (await first) is not None
+    await held.held.wait()  # the first fetch is under way ...
+    second = asyncio.ensure_future(store.get("a/c/1/1", proto))
+    await _turns()  # ... and a later read joins it (a read of its own would not be held)
+    held.release()
+    assert (await second) is not None and (await first) is not None
     assert counted.counts.reads == 1
 
 
 async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> None:
-    counted, _ = _written(SlowMapping)
+    counted, _ = _written(HeldMapping)
+    held = counted.inner
+    assert isinstance(held, HeldMapping)
     store = ShardingStore(counted, read_strategy="shard")
     await store.get("a/zarr.json", default_buffer_prototype())
     info = await store.internals.array_of_key("a/c/1/1")
@@ -211,10 +250,11 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw)
     reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
     counted.counts.reset()
+    held.hold()
     first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
-    await asyncio.sleep(0.01)
+    await held.held.wait()  # the first fetch is under way ...
     second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
-    await asyncio.sleep(0.01)
+    await _turns()  # ... and the second has joined it
     first.cancel()
     ((snapshot, error),) = await asyncio.wait_for(second, 5)
     assert error is None and snapshot is not None
@@ -271,26 +311,19 @@ async def test_fsspec_batches_are_one_cat_ranges_call_with_per_read_outcomes() -
     assert calls == [5]
 
 
-class ReadThenWaitMapping(MappingInner):
-    """Reads take the bytes at once and deliver them a while later (a slow network)."""
-
-    async def get_many_versioned(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
-    ) -> list[tuple[bytes | None, Hashable | None]]:
-        values = await super().get_many_versioned(requests, expected)
-        await asyncio.sleep(0.05)
-        return values
-
-
 async def test_a_read_under_way_during_an_own_write_is_not_cached() -> None:
     """A whole-shard fetch sent before a write through the store returns the old shard;
     it must not be cached, or a read after the write would see the old chunk."""
-    counted, _ = _written(ReadThenWaitMapping)
+    counted, _ = _written(HeldMapping)
+    held = counted.inner
+    assert isinstance(held, HeldMapping)
     store = ShardingStore(counted, read_strategy="shard", index_cache="trust")
     arr = await zarr.api.asynchronous.open_array(store=store, path="a", zarr_format=3)
+    held.hold()
     reading = asyncio.ensure_future(arr.getitem((slice(0, 2), slice(0, 2))))
-    await asyncio.sleep(0.01)  # the fetch of shard (0, 0) is under way
+    await held.held.wait()  # the fetch of shard (0, 0) has read the old bytes, not yet returned
     await arr.setitem((slice(0, 2), slice(0, 2)), 555)
+    held.release()
     old = await reading
     assert old.tolist() in (DATA[0:2, 0:2].tolist(), [[555, 555], [555, 555]])
     np.testing.assert_array_equal(await arr.getitem((slice(0, 2), slice(0, 2))), 555)

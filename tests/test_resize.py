@@ -38,6 +38,7 @@ from shardstore.formats.precomputed import (
 from shardstore.maintenance import leftovers, verify
 
 from .helpers import logical_keys, sample
+from .processes import Writers
 
 SHARDING = PrecomputedSharding(1, "identity", 2, 2)
 
@@ -457,26 +458,17 @@ def test_a_long_lived_reader_and_eraser_follow_a_renumbering_elsewhere(tmp_path:
     np.testing.assert_array_equal(got, expected)
 
 
-def _resize_to(url: str, shape: tuple[int, int], go: Any) -> None:
+def _resize_to(url: str, shape: tuple[int, int], start: Any) -> None:
     arr = zarr.open_array(ShardingStore(url), path="a")
-    go.wait(60)
+    start.wait()  # both opened the array
     arr.resize(shape)
 
 
-def test_two_processes_renumbering_at_once_keep_the_data(tmp_path: Path) -> None:
+def test_two_processes_renumbering_at_once_keep_the_data(writers: Writers, tmp_path: Path) -> None:
     _, data = _array(tmp_path)
     url = str(tmp_path / "s")
-    ctx = mp.get_context("spawn")
     for _ in range(3):
-        go = ctx.Event()
-        resizers = [ctx.Process(target=_resize_to, args=(url, s, go)) for s in ((200, 128), (64, 128))]
-        for p in resizers:
-            p.start()
-        time.sleep(1.0)  # both opened
-        go.set()
-        for p in resizers:
-            p.join(60)
-            assert p.exitcode == 0
+        writers.together([(_resize_to, (url, shape)) for shape in ((200, 128), (64, 128))])
         got = zarr.open_array(ShardingStore(url), path="a")
         assert got.shape in ((200, 128), (64, 128))
         np.testing.assert_array_equal(got[:32], data)

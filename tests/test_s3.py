@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,6 +14,8 @@ from shardstore import ShardingStore
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 from shardstore.testing.s3 import LocalS3, local_s3
+
+from .helpers import later_clock
 
 
 @pytest.fixture(scope="module")
@@ -189,12 +190,15 @@ def test_whole_shard_bytes_sets_the_budget_for_whole_fetches(s3: LocalS3) -> Non
     assert dict(s3.counts) == {"GET": 2}  # a zero budget: index and range even for 64 KiB shards
 
 
-def test_a_cached_s3_index_never_serves_another_writers_old_bytes(s3: LocalS3) -> None:
+def test_a_cached_s3_index_never_serves_another_writers_old_bytes(
+    s3: LocalS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Present chunks are read with If-Match on the ETag their index came with: a shard
     another store replaced is re-indexed at once. A chunk another store added is seen
     once the cached index is older than cache_max_age; one it deleted at once."""
     writer, data = _large_shards(s3, "large-stale.zarr")
-    reader = zarr.open_array(_store(s3, "large-stale.zarr", cache_max_age=0.2), path="a", zarr_format=3)
+    clock = later_clock(monkeypatch)
+    reader = zarr.open_array(_store(s3, "large-stale.zarr", cache_max_age=60), path="a", zarr_format=3)
     assert reader[0, 0] == data[0, 0]
     writer[0:256, 0:512] = -1  # replaced: the reader's cached index is stale
     s3.reset()
@@ -204,7 +208,7 @@ def test_a_cached_s3_index_never_serves_another_writers_old_bytes(s3: LocalS3) -
     assert reader[0, 0] == 0
     reader[0, 1]  # (the reader now knows the chunk is absent)
     writer[0:256, 0:512] = 5  # added back by another store
-    time.sleep(0.25)
+    clock.shift += 61
     assert reader[0, 0] == 5  # "absent" from a cached index older than max_age is checked
     erase = ShardingStore(s3.url("large-stale.zarr"), storage_options=s3.storage_options)
     asyncio.run(erase.erase_prefix("a/c/"))

@@ -28,6 +28,7 @@ from shardstore.inner.locks import file_lock, lock_path
 from shardstore.maintenance import compact
 
 from .helpers import inner_keys
+from .processes import Writers
 
 GRID, CHUNK, CPS, WRITERS = 8, 4, (4, 4), 4
 
@@ -58,13 +59,18 @@ def _create(url: str, storage_options: dict[str, Any] | None = None) -> None:
     zarr.create_array(store, name="a", shape=(GRID * CHUNK,) * 2, chunks=(CHUNK, CHUNK), dtype="i4")
 
 
-def _writer(url: str, mode: str, w: int, start: Any, storage_options: dict[str, Any] | None) -> None:
+def _writer(url: str, mode: str, w: int, storage_options: dict[str, Any] | None, start: Any) -> None:
     kwargs: dict[str, Any] = {"write_strategy": "append"} if mode in ("append", "compact") else {}
     store = ShardingStore(url, storage_options=storage_options, **kwargs)
-    if mode == "pipeline":  # every chunk of this writer in one setitem: one commit per shard
-        zarr.config.set({"codec_pipeline.path": PIPELINE_PATH})
-    arr = zarr.open_array(store, path="a")
-    start.wait()
+    # every chunk of this writer in one setitem: one commit per shard
+    pipeline = zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}) if mode == "pipeline" else None
+    with pipeline or contextlib.nullcontext():
+        arr = zarr.open_array(store, path="a")
+        start.wait()
+        _write(store, arr, mode, w)
+
+
+def _write(store: ShardingStore, arr: zarr.Array, mode: str, w: int) -> None:
     if mode == "pipeline":
         for final in (False, True):
             rows, cols = zip(*_mine(w), strict=True)
@@ -85,17 +91,13 @@ def _writer(url: str, mode: str, w: int, start: Any, storage_options: dict[str, 
                 arr[r * CHUNK : (r + 1) * CHUNK, c * CHUNK : (c + 1) * CHUNK] = _value(r, c, final)
 
 
-def _race(url: str, mode: str, storage_options: dict[str, Any] | None = None) -> np.ndarray[Any, Any]:
-    """Run the writers; return, per chunk, 1 if it holds its writer's last value."""
+def _race(
+    writers: Writers, url: str, mode: str, storage_options: dict[str, Any] | None = None
+) -> np.ndarray[Any, Any]:
+    """Run the writers, each in a process of its own; return, per chunk, 1 if it holds
+    its writer's last value."""
     _create(url, storage_options)
-    ctx = mp.get_context("spawn")
-    start = ctx.Barrier(WRITERS)
-    procs = [ctx.Process(target=_writer, args=(url, mode, w, start, storage_options)) for w in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    writers.together([(_writer, (url, mode, w, storage_options)) for w in range(WRITERS)])
     got = zarr.open_array(ShardingStore(url, storage_options=storage_options), path="a", mode="r")[:]
     blocks = got.reshape(GRID, CHUNK, GRID, CHUNK).transpose(0, 2, 1, 3)
     expected = np.array([[_value(r, c, True) for c in range(GRID)] for r in range(GRID)])
@@ -106,9 +108,11 @@ def _race(url: str, mode: str, storage_options: dict[str, Any] | None = None) ->
 
 
 @pytest.mark.parametrize("mode", ["rewrite", "batch", "append", "compact", "pipeline"])
-def test_processes_writing_the_same_local_shards_lose_nothing(tmp_path: Path, mode: str) -> None:
+def test_processes_writing_the_same_local_shards_lose_nothing(
+    writers: Writers, tmp_path: Path, mode: str
+) -> None:
     url = f"file://{tmp_path}/x.zarr"
-    good = _race(url, mode)
+    good = _race(writers, url, mode)
     assert int((~good).sum()) == 0, f"{int((~good).sum())} chunks lost or stale"
     leftovers = [p.name for p in (tmp_path / "x.zarr").rglob(".*") if p.is_file()]
     assert leftovers == []  # no lock file, journal or temporary file left behind
@@ -214,8 +218,8 @@ def test_a_writer_waits_for_the_lock_holder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["rewrite", "batch", "pipeline"])
-def test_processes_writing_the_same_s3_shards_lose_nothing(s3: Any, mode: str) -> None:
-    good = _race(s3.url(f"race-{mode}.zarr"), mode, s3.storage_options)
+def test_processes_writing_the_same_s3_shards_lose_nothing(writers: Writers, s3: Any, mode: str) -> None:
+    good = _race(writers, s3.url(f"race-{mode}.zarr"), mode, s3.storage_options)
     assert int((~good).sum()) == 0, f"{int((~good).sum())} chunks lost or stale"
 
 

@@ -172,18 +172,40 @@ async def test_a_sync_write_of_another_shard_does_not_wait() -> None:
     assert got is not None and got.to_bytes() == b"\x03" * 4
 
 
+class _Home(asyncio.SelectorEventLoop):
+    """A loop that says when a call was queued on it from another thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued = threading.Event()
+
+    def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        handle = super().call_soon_threadsafe(*args, **kwargs)
+        self.queued.set()
+        return handle
+
+
 def test_a_call_whose_event_loop_stops_under_it_fails_instead_of_hanging() -> None:
-    """An async file system's sessions belong to the loop that first used them (here a
-    user's loop in another thread); calls from elsewhere hop there. If that loop stops
-    with the call queued, the caller gets an InnerStoreError naming the key, at once."""
+    """An async file system made asynchronous belongs to the loop that first used it
+    (here a user's loop in another thread); calls from elsewhere hop there. If that loop
+    stops with the call queued, the caller gets an InnerStoreError naming the key, at once."""
     name = f"stops-{time.monotonic_ns()}"
-    store = ShardingStore(fsspec.FSMap(name, AsyncFileSystemWrapper(fsspec.filesystem("memory"))), (2, 2))
-    home = asyncio.new_event_loop()
+    fs = AsyncFileSystemWrapper(fsspec.filesystem("memory"), asynchronous=True)
+    store = ShardingStore(fsspec.FSMap(name, fs), (2, 2))
+    home = _Home()
     thread = threading.Thread(target=home.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(_array(store), home).result(timeout=30)  # the sessions' home
-    home.call_soon_threadsafe(time.sleep, 0.3)  # busy: what follows queues behind
-    home.call_soon_threadsafe(home.stop)  # ... and stops before the queued call runs
+    gate = threading.Event()
+    home.call_soon_threadsafe(gate.wait, 30)  # busy: what follows queues behind ...
+    home.call_soon_threadsafe(home.stop)  # ... and stops before the calls queued meanwhile run
+    home.queued.clear()
+
+    def open_the_gate_once_our_call_is_queued() -> None:
+        home.queued.wait(30)
+        gate.set()
+
+    threading.Thread(target=open_the_gate_once_our_call_is_queued, daemon=True).start()
     started = time.monotonic()
     with pytest.raises(InnerStoreError, match=r"a/c/0/0.*stopped"):
         store.get_sync("a/c/0/0")

@@ -11,6 +11,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, cpu, default_buffer_prototype
 
 from shardstore.reading.coalescing import ReadCoalescer
+from shardstore.tasks import in_flight
 
 Request = tuple[str, ByteRequest | None]
 T = TypeVar("T")
@@ -199,6 +200,48 @@ async def test_a_cancelled_get_does_not_disturb_the_others() -> None:
     assert isinstance(got[1], asyncio.CancelledError)
     assert as_bytes(got[2]) == b"c"
     assert len(fetch.calls) == 1
+
+
+async def _a_batch_under_way() -> tuple[list[asyncio.Future[Buffer | None]], asyncio.Task[None]]:
+    """Two gets, and their batch, whose fetch waits at its gate."""
+    fetch = FakeFetch()
+    fetch.gate = asyncio.Event()
+    reads = ReadCoalescer(fetch)
+    gets = [asyncio.ensure_future(reads.get(PROTO, k, None)) for k in ("a", "b")]
+    await turns_until(lambda: len(fetch.calls) == 1)
+    (batch,) = [t for t in in_flight() if "ReadCoalescer._run" in repr(t)]
+    return gets, batch
+
+
+async def test_a_batch_whose_gets_are_all_cancelled_is_cancelled() -> None:
+    """Nobody waits for its answer any more: its fetch ends too (it would otherwise run on
+    after the calls that started it, perhaps past the end of their program)."""
+    gets, batch = await _a_batch_under_way()
+    for get in gets:
+        get.cancel()
+    await asyncio.gather(*gets, return_exceptions=True)
+    await turns_until(batch.done)
+    assert batch.cancelled()
+
+
+async def test_gets_cancelled_before_their_batch_starts_fetch_nothing() -> None:
+    fetch = FakeFetch()
+    reads = ReadCoalescer(fetch)
+    get = asyncio.ensure_future(reads.get(PROTO, "a", None))
+    await asyncio.sleep(0)  # queued in the open batch
+    get.cancel()
+    await asyncio.gather(get, return_exceptions=True)
+    await turns_until(lambda: not [t for t in in_flight() if "ReadCoalescer._run" in repr(t)])
+    assert fetch.calls == []
+
+
+async def test_a_cancelled_batch_cancels_its_gets() -> None:
+    """A batch cancelled from outside (at exit: :func:`shardstore.tasks.settle`) leaves no
+    get waiting for ever."""
+    gets, batch = await _a_batch_under_way()
+    batch.cancel()
+    got = await within(asyncio.gather(*gets, return_exceptions=True))
+    assert all(isinstance(g, asyncio.CancelledError) for g in got)
 
 
 class OtherBuffer(cpu.Buffer):

@@ -1,13 +1,15 @@
-"""Nothing a call starts outlives it: shardstore.tasks.gather, and calls hopped to
-an async file system's home loop."""
+"""Nothing a call starts outlives it: shardstore.tasks.gather, spawn, at_work and
+settle, and calls hopped to an async file system's home loop."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import pytest
 
-from shardstore.tasks import gather
+from shardstore.tasks import at_work, gather, in_flight, settle, spawn
 
 
 async def test_gather_returns_results_in_order() -> None:
@@ -59,10 +61,12 @@ def test_a_cancelled_call_on_a_home_loop_ends_there_and_leaves_no_error_behind(
     thread = threading.Thread(target=home.run_forever, daemon=True)
     thread.start()
     ended: list[str] = []
+    started = threading.Event()
 
     async def failing_read() -> None:
+        started.set()
         try:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(60)  # (a request that takes its time: cancelled long before)
         except asyncio.CancelledError:
             ended.append("cancelled")
             raise
@@ -70,7 +74,7 @@ def test_a_cancelled_call_on_a_home_loop_ends_there_and_leaves_no_error_behind(
 
     async def caller() -> None:
         call = asyncio.ensure_future(_hop(failing_read(), home))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(started.wait, 30)  # under way on its home loop
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
@@ -84,3 +88,79 @@ def test_a_cancelled_call_on_a_home_loop_ends_there_and_leaves_no_error_behind(
         home.close()
     assert ended == ["cancelled"]
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+class _LoopInAThread:
+    """An event loop running in a thread of its own, as zarr's and fsspec's do."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+
+def test_settle_cancels_what_is_in_flight_on_a_loop_that_still_runs_and_waits_for_it() -> None:
+    """What runs at exit, before zarr stops its loop: a spawned task and a task waiting on
+    storage (inside ``at_work``), both abandoned by their callers, are cancelled on their
+    own loop, and each has ended when ``settle`` returns."""
+    home = _LoopInAThread()
+    ended: list[str] = []
+    waiting = threading.Event()
+
+    async def background() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append("spawned")
+
+    async def storage_call() -> None:
+        with at_work():
+            waiting.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                ended.append("at work")
+
+    async def start() -> list[asyncio.Task[None]]:
+        return [spawn(background()), asyncio.ensure_future(storage_call())]
+
+    try:
+        tasks = home.run(start())
+        assert waiting.wait(30)
+        assert set(tasks) <= set(in_flight())
+        settle()
+        assert sorted(ended) == ["at work", "spawned"]
+        assert all(t.cancelled() for t in tasks)
+        assert not set(tasks) & set(in_flight())
+    finally:
+        home.close()
+
+
+async def test_at_work_records_the_task_until_the_outermost_block_ends() -> None:
+    me = asyncio.current_task()
+    with at_work():
+        with at_work():
+            assert me in in_flight()
+        assert me in in_flight()
+    assert me not in in_flight()
+
+
+def test_settle_leaves_the_callers_own_loop_alone() -> None:
+    """Nothing can wait for a task on the loop the caller runs on: it is not touched."""
+
+    async def scenario() -> bool:
+        task = spawn(asyncio.sleep(60))
+        settle(timeout_s=0.5)
+        alive = not task.done()
+        task.cancel()
+        return alive
+
+    assert asyncio.run(scenario())

@@ -16,7 +16,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.errors import InnerStoreError, ShardConflictError, ShardStoreError
 from shardstore.inner.locks import process_lock
-from shardstore.tasks import gather
+from shardstore.tasks import at_work, gather
 
 T = TypeVar("T")
 
@@ -53,9 +53,13 @@ def failure(op: str, key: str) -> Iterator[None]:
     ``GeneratorExit`` and ``KeyboardInterrupt`` pass through untouched, and so do
     they when the client library, interrupted by one of them, raised something else
     on the way out (aiohttp's "no running event loop" when an abandoned read is
-    closed after its loop ended): the interruption is raised, not a store error."""
+    closed after its loop ended): the interruption is raised, not a store error.
+
+    The running task counts as waiting on storage meanwhile (:func:`~shardstore.tasks.at_work`):
+    a call zarr abandons is cancelled at exit rather than destroyed pending."""
     try:
-        yield
+        with at_work():
+            yield
     except ShardStoreError:
         raise
     except Exception as exc:

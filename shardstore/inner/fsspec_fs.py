@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import json
+import os
 import threading
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
@@ -21,12 +22,14 @@ from shardstore import sync_bridge
 from shardstore.errors import ConcurrentWriterWarning
 from shardstore.inner import sessions
 from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range
-from shardstore.tasks import gather
+from shardstore.tasks import at_work, gather
 
 T = TypeVar("T")
 
 _HOME = "_shardstore_home_loop"
 """Attribute of an async file system instance: the event loop its sessions belong to."""
+_READY = "_shardstore_ready"
+"""Attribute of an async file system instance: :meth:`FsspecInner._prepare` has run for it."""
 _HOP_CHECK_S = 0.5
 """How often a call waiting on another loop checks that the loop still runs."""
 _HOME_LOCK = threading.Lock()
@@ -39,7 +42,7 @@ class FsspecInner(InnerStore):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
-        self._async_fs = _asynchronous_copy(fs)
+        self._async_fs = _async_api(fs)
         self._guests: dict[asyncio.AbstractEventLoop, fsspec.AbstractFileSystem | None] = {}
         """Instances for loops that serve sync calls while the home loop waits for them."""
         self._inline = isinstance(fs, MemoryFileSystem)
@@ -66,31 +69,47 @@ class FsspecInner(InnerStore):
         return await self._on_home_loop(lambda fs: getattr(fs, "_" + name)(*args, **kwargs))
 
     async def _on_home_loop(self, call: Callable[[fsspec.AbstractFileSystem], Awaitable[Any]]) -> Any:
-        """An async file system's sessions belong to the event loop that first used
-        them: run there, hopping over from any other loop (zarr's own loop and a
-        user's ``asyncio.run`` may both use one store, and fsspec hands every store
-        over the same location one cached instance). If that loop has ended, start
-        afresh on this one with an instance of our own."""
+        """An async file system's sessions belong to one event loop, and calls run
+        there, hopping over from any other loop (zarr's own loop and a user's
+        ``asyncio.run`` may both use one store). An instance made for synchronous use
+        (what every URL and mapper gives) belongs to fsspec's own I/O loop, which lasts
+        as long as the process, so no session outlives its loop (an ``asyncio.run``
+        ending leaves none unclosed); one the user made asynchronous belongs to the
+        loop that first used it. If that loop has ended (or the instance comes from a
+        parent process), calls go on with a fresh instance of our own. Each instance
+        is prepared off its home loop before its first call, and its sessions are
+        closed there at exit (:mod:`~shardstore.inner.sessions`)."""
         current = asyncio.get_running_loop()
         with _HOME_LOCK:
             fs = self._async_fs
-            home: asyncio.AbstractEventLoop | None = getattr(fs, _HOME, None)
+            assert fs is not None
+            home = _home(fs)
             if home is None or home.is_closed() or not home.is_running():
-                if home is not None:
-                    fs = self._async_fs = _asynchronous_copy(self.fs, fresh=True)
-                home = current
-                setattr(fs, _HOME, home)
-            elif home is not current and sync_bridge.blocked(home):
+                if home is not None or _forked(fs):
+                    fs = self._async_fs = _fresh_copy(self.fs, asynchronous=fs.asynchronous)
+                home = _home(fs) or current
+                if fs.asynchronous:
+                    setattr(fs, _HOME, home)
+            if home is not current and sync_bridge.blocked(home):
                 # The home loop waits for this very call (a sync call made inside it):
                 # use an instance whose sessions belong to this loop instead.
                 fs = self._guests.get(current)
                 if fs is None:
-                    fs = self._guests[current] = _asynchronous_copy(self.fs, fresh=True)
+                    fs = self._guests[current] = _fresh_copy(self.fs, asynchronous=True)
+                    setattr(fs, _HOME, current)
                 home = current
         assert fs is not None
+        if not getattr(fs, _READY, False):
+            await self._prepare(fs)
+            setattr(fs, _READY, True)
+            sessions.track(fs, _home)  # its sessions closed on its home loop at exit, in silence
         if home is current:
             return await call(fs)
         return await _hop(call(fs), home)
+
+    async def _prepare(self, fs: fsspec.AbstractFileSystem) -> None:
+        """What an instance needs, before its first call, done off its home loop so as
+        not to block that loop (nothing for most file systems)."""
 
     @staticmethod
     def _limits(byte_range: ByteRequest | None) -> tuple[int | None, int | None]:
@@ -253,7 +272,8 @@ def past_the_end(exc: BaseException) -> bool:
 async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
     """Run ``coro`` on the running loop ``home`` and wait for it; if ``home`` stops
     first (its ``asyncio.run`` ended), fail rather than wait for ever."""
-    future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, home)  # type: ignore[arg-type]
+    call = _at_work(coro)
+    future: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(call, home)
     waiter = asyncio.wrap_future(future)
     try:
         while True:
@@ -262,8 +282,12 @@ async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
                 return waiter.result()
             if home.is_closed() or not home.is_running():
                 future.cancel()
-                if inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                    coro.close()  # it never ran, and never will: no "never awaited" warning
+                for never_ran in (call, coro):  # and never will: no "never awaited" warning
+                    if (
+                        inspect.iscoroutine(never_ran)
+                        and inspect.getcoroutinestate(never_ran) == inspect.CORO_CREATED
+                    ):
+                        never_ran.close()
                 raise RuntimeError(
                     "the event loop that owns this file system's sessions stopped before the call ran"
                 )
@@ -275,22 +299,45 @@ async def _hop(coro: Awaitable[Any], home: asyncio.AbstractEventLoop) -> Any:
         raise
 
 
-def _asynchronous_copy(
-    fs: fsspec.AbstractFileSystem, *, fresh: bool = False
-) -> fsspec.AbstractFileSystem | None:
-    """An instance of an async file system to drive from an event loop (``fresh``:
-    never one fsspec cached, whose sessions may belong to a loop that has ended)."""
+async def _at_work(coro: Awaitable[T]) -> T:
+    """``coro`` on its home loop, recorded as waiting on storage (settled there at exit)."""
+    with at_work():
+        return await coro
+
+
+def _home(fs: fsspec.AbstractFileSystem) -> asyncio.AbstractEventLoop | None:
+    """The loop an async file system's sessions belong to: fsspec's I/O loop for an
+    instance made for synchronous use, else the loop that first used it (None yet)."""
+    if fs.asynchronous:
+        return getattr(fs, _HOME, None)
+    if _forked(fs):
+        return None
+    loop: asyncio.AbstractEventLoop = fs.loop
+    return loop
+
+
+def _forked(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` was made by a parent process (fsspec instances are not fork-safe)."""
+    return getattr(fs, "_pid", os.getpid()) != os.getpid()
+
+
+def _fresh_copy(fs: fsspec.AbstractFileSystem, *, asynchronous: bool) -> fsspec.AbstractFileSystem:
+    """A new instance of ``fs`` (never one fsspec cached, whose sessions may belong to a
+    loop that has ended): for synchronous use (on this process's fsspec I/O loop) or
+    ``asynchronous`` (for the loop that first uses it)."""
+    spec = json.loads(fs.to_json())
+    spec["asynchronous"] = asynchronous
+    spec["skip_instance_cache"] = True
+    return fsspec.AbstractFileSystem.from_json(json.dumps(spec))
+
+
+def _async_api(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem | None:
+    """``fs`` if its async API can be driven from an event loop: it is an async file
+    system that can be made afresh (from its JSON form) when its loop ends."""
     if not getattr(fs, "async_impl", False):
         return None
-    if getattr(fs, "asynchronous", False) and not fresh:
-        return fs
     try:
-        spec = json.loads(fs.to_json())
-        spec["asynchronous"] = True
-        if fresh:
-            spec["skip_instance_cache"] = True
-        made = fsspec.AbstractFileSystem.from_json(json.dumps(spec))
+        fs.to_json()
     except Exception:  # not serialisable: use its sync API in threads instead
         return None
-    sessions.track(made, _HOME)  # closed on its own loop at exit, in silence
-    return made
+    return fs

@@ -17,6 +17,7 @@ other operation is plain gcsfs.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Hashable, Mapping
 from typing import Any
 
@@ -31,6 +32,17 @@ __all__ = ["GCSInner", "is_gcs"]
 _GENERATION = "x-goog-generation"
 
 
+def _keep_retries_off_stderr() -> None:
+    """gcsfs logs each request it gives up on with a traceback (about 70 lines for one
+    unreachable endpoint) and then raises, which the store turns into the one error a
+    program sees. With no handler on its logger Python prints those records on stderr
+    (its last resort); a handler that drops them stops only that: logging a program
+    configures (``logging.basicConfig``) still receives every record."""
+    logger = logging.getLogger("gcsfs")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+
+
 def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
     return bool({"gs", "gcs"} & set(protocols)) and hasattr(fs, "_request")
@@ -43,6 +55,7 @@ class GCSInner(VersionedReads, FsspecInner):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
         self.capabilities = CONDITIONAL
+        _keep_retries_off_stderr()
 
     async def _request(
         self,

@@ -11,6 +11,9 @@ was replaced since. Every other operation is plain fsspec.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Hashable
 from typing import Any, TypeVar
 
@@ -27,6 +30,30 @@ T = TypeVar("T")
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
     return "s3" in fs.protocol and hasattr(fs, "_call_s3")
+
+
+_WARMING = threading.Lock()
+
+
+def _warm_session(fs: Any) -> None:
+    """Give ``fs`` the botocore session s3fs would make for its first call, with the S3
+    service model, endpoints and rules already loaded. s3fs makes it inside that call,
+    and loading those (a few MB of JSON) blocks the file system's event loop for
+    0.1-0.3 s; here a worker thread does it, on a loop of its own."""
+    from aiobotocore.session import AioSession
+
+    async def load(session: Any) -> None:
+        options = {"region_name": "us-east-1", "aws_access_key_id": "-", "aws_secret_access_key": "-"}
+        async with session.create_client("s3", **options):  # no request is made
+            pass
+
+    with _WARMING:
+        if fs.session is not None:
+            return
+        session = AioSession(**fs.kwargs)
+        with contextlib.suppress(Exception):  # s3fs will try again, and say what fails
+            asyncio.run(load(session), debug=False)
+            fs.session = session
 
 
 def _status(exc: BaseException) -> int | None:
@@ -49,6 +76,10 @@ class S3Inner(VersionedReads, FsspecInner):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
         self.capabilities = CONDITIONAL
+
+    async def _prepare(self, fs: fsspec.AbstractFileSystem) -> None:
+        if getattr(fs, "session", False) is None and getattr(fs, "_s3", False) is None:
+            await asyncio.to_thread(_warm_session, fs)
 
     async def _get_tagged(
         self, key: str, byte_range: ByteRequest | None, expected: Hashable | None, unless: Hashable = None

@@ -1,60 +1,55 @@
-"""Closing, at exit, the HTTP sessions of the async file systems shardstore made.
+"""Closing, at exit, the HTTP sessions of the async file systems shardstore drives.
 
-An async fsspec file system (s3fs, gcsfs, adlfs) keeps a session bound to the
-event loop that first used it. Its own finalizer closes that session at exit on
-a loop of its choosing — after zarr's loop has stopped, or on fsspec's loop —
-and prints tracebacks ("Loop is not running", "attached to a different loop",
-"Task was destroyed but it is pending!"). The instances shardstore makes for
-its own loops are closed here instead, on their loop while it still runs, and
-their finalizers detached, so a program ends without a word.
+An async fsspec file system (s3fs, gcsfs, adlfs) keeps a session bound to one
+event loop. Its own finalizer closes that session at exit on a loop of its
+choosing, and some print tracebacks doing so ("Loop is not running", "attached
+to a different loop", "Non-thread-safe operation invoked on an event loop",
+"Task was destroyed but it is pending!"). The instances shardstore drives are
+closed here instead, on their home loop while it still runs, and their
+finalizers detached, so a program ends without a word.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
+
+from shardstore.tasks import run_at_exit
 
 __all__ = ["close_all", "track"]
 
-_MADE: list[tuple[weakref.ref[Any], str]] = []
-"""Each file system made, with the name of its attribute holding its home loop."""
+HomeOf = Callable[[Any], "asyncio.AbstractEventLoop | None"]
+
+_MADE: list[tuple[weakref.ref[Any], HomeOf]] = []
+"""Each file system driven, with how to find its home loop."""
 _LOCK = threading.Lock()
-_HOOK: list[weakref.finalize[Any, Any]] = []
 _CLOSE_TIMEOUT_S = 2.0
 
 
-def track(fs: Any, home_attribute: str) -> None:
-    """Close ``fs`` at exit, on the loop named by its attribute ``home_attribute``."""
+def track(fs: Any, home_of: HomeOf) -> None:
+    """Close ``fs`` at exit, on its home loop (``home_of(fs)``)."""
     with _LOCK:
-        _MADE[:] = [(ref, name) for ref, name in _MADE if ref() is not None]
-        _MADE.append((weakref.ref(fs), home_attribute))
-    # weakref's own exit hook, which runs every finalizer, is registered with the first
-    # finalizer made in the process: make one now, then register this hook again, so
-    # that it runs first (atexit runs the last registered first)
-    if not _HOOK:
-        _HOOK.append(weakref.finalize(track, _nothing))
-    atexit.unregister(close_all)
-    atexit.register(close_all)
-
-
-def _nothing() -> None:
-    """(A finalizer that does nothing, see :func:`track`.)"""
+        _MADE[:] = [(ref, home) for ref, home in _MADE if ref() is not None and ref() is not fs]
+        _MADE.append((weakref.ref(fs), home_of))
+    run_at_exit(close_all)  # after the calls in flight are settled, before weakref's finalizers
 
 
 def close_all() -> None:
     """Close every tracked file system's session on its loop, if that still runs
     (waiting at most 2 s each), and detach its finalizers."""
     with _LOCK:
-        made = [(ref(), name) for ref, name in _MADE]
+        made = [(ref(), home_of) for ref, home_of in _MADE]
         _MADE.clear()
-    for fs, name in made:
+    for fs, home_of in made:
         if fs is None:
             continue
-        home = getattr(fs, name, None)
+        home = None
+        with contextlib.suppress(Exception):  # (a forked copy: no loop of this process)
+            home = home_of(fs)
         if home is not None and not home.is_closed() and home.is_running():
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(_close(fs), home).result(timeout=_CLOSE_TIMEOUT_S)

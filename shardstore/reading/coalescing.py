@@ -13,12 +13,12 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from zarr.abc.store import ByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 
-from shardstore.tasks import gather
+from shardstore.tasks import gather, spawn
 
 __all__ = ["ReadCoalescer"]
 
@@ -32,17 +32,23 @@ class _Batch:
     prototype: BufferPrototype
     requests: list[tuple[str, ByteRequest | None]] = field(default_factory=list)
     futures: list[asyncio.Future[Buffer | None]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    def abandoned(self) -> bool:
+        """Whether every read of the batch was cancelled: nobody waits for its answer."""
+        return all(f.cancelled() for f in self.futures)
 
 
 class ReadCoalescer:
     """Gathers the ``get()`` calls of one event-loop turn into one call of
-    ``fetch(prototype, requests)`` (per loop and buffer prototype)."""
+    ``fetch(prototype, requests)`` (per loop and buffer prototype). A batch whose
+    reads are all cancelled is cancelled too; a batch cancelled (at exit, say)
+    cancels its reads."""
 
     def __init__(self, fetch: Fetch) -> None:
         self._fetch = fetch
         self._lock = threading.Lock()
         self._pending: dict[tuple[asyncio.AbstractEventLoop, type], _Batch] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def get(
         self, prototype: BufferPrototype, key: str, byte_range: ByteRequest | None
@@ -54,17 +60,32 @@ class ReadCoalescer:
             batch = self._pending.get(slot)
             if batch is None:
                 batch = self._pending[slot] = _Batch(prototype)
-                task = loop.create_task(self._run(slot, batch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                batch.task = spawn(self._run(slot, batch))
             batch.requests.append((key, byte_range))
             batch.futures.append(future)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._lock:  # (a batch still taking reads is not cancelled: more may join)
+                if self._pending.get(slot) is not batch and batch.abandoned() and batch.task is not None:
+                    batch.task.cancel()
+            raise
 
     async def _run(self, slot: tuple[asyncio.AbstractEventLoop, type], batch: _Batch) -> None:
-        await asyncio.sleep(0)  # one loop turn: reads already under way join
-        with self._lock:
-            del self._pending[slot]
+        try:
+            try:
+                await asyncio.sleep(0)  # one loop turn: reads already under way join
+            finally:
+                with self._lock:
+                    del self._pending[slot]
+            if not batch.abandoned():
+                await self._serve(batch)
+        except BaseException:  # cancelled: no answer will come
+            for future in batch.futures:
+                future.cancel()
+            raise
+
+    async def _serve(self, batch: _Batch) -> None:
         try:
             values = await self._fetch(batch.prototype, batch.requests)
         except Exception as exc:
@@ -80,6 +101,8 @@ class ReadCoalescer:
 
     async def _alone(self, batch: _Batch, i: int) -> None:
         future = batch.futures[i]
+        if future.done():  # its reader was cancelled meanwhile
+            return
         try:
             (value,) = await self._fetch(batch.prototype, [batch.requests[i]])
         except Exception as exc:

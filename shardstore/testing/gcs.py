@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shardstore.testing.proxy import Answer, Forward, Traffic, free_port, proxied, server_process
+from shardstore.testing.proxy import Answer, Forward, Traffic, proxied, server_process
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -148,10 +148,11 @@ def _failed(conditions: dict[str, str], current: str | None, method: str) -> Ans
 @contextmanager
 def local_gcs(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[LocalGCS]:
     """Start gcp-storage-emulator (in memory) and the proxy on 127.0.0.1; stop both on exit."""
-    port = free_port()
-    command = [sys.executable, "-c", _EMULATOR, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"]
+    command = [sys.executable, "-c", _EMULATOR, "start", "--host=127.0.0.1", "--in-memory"]
     command.append(f"--default-bucket={bucket}")
-    with server_process(command, port, "gcp-storage-emulator", timeout_s=30):
+    with server_process(
+        lambda port: [*command, f"--port={port}"], "gcp-storage-emulator", timeout_s=30
+    ) as port:
         gcs = LocalGCS(bucket=bucket)
         with proxied(port, gcs, _Preconditions(gcs)) as url:
             gcs.endpoint_url = url

@@ -10,6 +10,7 @@ bytes, can add a fixed latency, and can answer in the server's place (a
 from __future__ import annotations
 
 import collections
+import fcntl
 import http.client
 import os
 import socket
@@ -22,9 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Answer", "Forward", "Guard", "Traffic", "free_port", "proxied", "server_process"]
+__all__ = ["Answer", "Forward", "Guard", "Traffic", "proxied", "server_process"]
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
@@ -47,7 +49,21 @@ def _forward_as_is(
     return forward(method, path, headers, body)
 
 
-def free_port() -> int:
+def _single_server_and_date(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The headers without a second ``Server`` or ``Date`` (moto's error answers carry
+    Werkzeug's and its own, which aiohttp's strict parser, in asyncio debug mode, refuses)."""
+    seen: set[str] = set()
+    kept = []
+    for name, value in headers:
+        if name.lower() in ("server", "date"):
+            if name.lower() in seen:
+                continue
+            seen.add(name.lower())
+        kept.append((name, value))
+    return kept
+
+
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -77,20 +93,32 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
     local = threading.local()
 
     def forward(method: str, path: str, headers: dict[str, str], body: bytes | None) -> Answer:
-        conn = getattr(local, "conn", None)
-        if conn is None:
-            conn = local.conn = http.client.HTTPConnection(*upstream, timeout=60)
         headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
         if body is not None:
             headers["Content-Length"] = str(len(body))
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        except (ConnectionError, http.client.HTTPException):
-            local.conn = None
-            raise
-        answer = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+        conn = getattr(local, "conn", None)
+        while True:
+            reused = conn is not None
+            if conn is None:
+                conn = local.conn = http.client.HTTPConnection(*upstream, timeout=60)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except (ConnectionError, http.client.HTTPException) as exc:
+                conn.close()
+                conn = local.conn = None
+                # A kept-alive connection the server closed while idle (azurite, on Node.js,
+                # after 5 s): the request never reached it, so send it on a new one.
+                stale = isinstance(
+                    exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                )
+                if not (reused and stale):
+                    raise
+        answer = _single_server_and_date(
+            [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP]
+        )
         if method == "HEAD":
             answer.append(("Content-Length", resp.getheader("Content-Length") or "0"))
         return resp.status, answer, data
@@ -158,42 +186,91 @@ def proxied(port: int, traffic: Traffic, guard: Guard = _forward_as_is) -> Itera
 
 @contextmanager
 def server_process(
-    command: Sequence[str], port: int, name: str, timeout_s: float = 60, env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Start ``command`` (a server that will listen on 127.0.0.1:``port``), wait until it
-    accepts connections, and stop it by its PID on exit (SIGTERM, then SIGKILL)."""
+    command: Callable[[int], Sequence[str]],
+    name: str,
+    timeout_s: float = 60,
+    env: dict[str, str] | None = None,
+) -> Iterator[int]:
+    """Start ``command(port)``, a server that will listen on 127.0.0.1:``port``, on a free
+    port; wait until it accepts connections; yield the port; stop it by its PID on exit
+    (SIGTERM, then SIGKILL).
+
+    Test processes running side by side (pytest-xdist) start servers at once: a port is
+    chosen and taken under a lock they share, so no two pick the same one, and a server
+    that exits before it listens (a port taken by another program) is started again on
+    another port."""
     with tempfile.TemporaryFile() as said:  # its output, for the error if it fails (never a full pipe)
-        server = subprocess.Popen(
-            list(command), stdout=said, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            _wait_listening(server, port, name, timeout_s, said)
-            yield server
-        finally:
-            if server.poll() is None:
-                os.kill(server.pid, 15)
+        for _ in range(_START_ATTEMPTS):
+            with _port_lock():
+                port = _free_port()
+                server = subprocess.Popen(
+                    list(command(port)),
+                    stdout=said,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
                 try:
-                    server.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.kill(server.pid, 9)
-                    server.wait()
+                    listening = _wait_listening(server, port, name, timeout_s, said)
+                except BaseException:
+                    _stop(server)
+                    raise
+            if listening:
+                break
+        else:
+            raise RuntimeError(f"{name} exited before it listened, {_START_ATTEMPTS} times: {_said(said)}")
+        try:
+            yield port
+        finally:
+            _stop(server)
+
+
+_START_ATTEMPTS = 3
+
+
+@contextmanager
+def _port_lock() -> Iterator[None]:
+    """A lock shared by this machine's test processes, from choosing a port until the
+    server chosen for it listens there."""
+    where = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shardstore"
+    where.mkdir(parents=True, exist_ok=True)  # (not the temporary directory: each test may have its own)
+    with open(where / "ports.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is None:
+        os.kill(server.pid, 15)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, 9)
+            server.wait()
+
+
+def _said(said: Any) -> str:
+    said.seek(0)
+    return str(said.read().decode(errors="replace")[-2000:])
 
 
 def _wait_listening(
     server: subprocess.Popen[bytes], port: int, name: str, timeout_s: float, said: Any
-) -> None:
+) -> bool:
+    """True once the server accepts connections on ``port``; False if it exited first."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if server.poll() is not None:
+            return False
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
+            return server.poll() is None  # (listening, and still ours)
         except OSError:
-            if server.poll() is not None:
-                said.seek(0)
-                output = said.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(
-                    f"{name} exited ({server.returncode}) before it listened: {output}"
-                ) from None
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not listen on 127.0.0.1:{port} in {timeout_s:g} s") from None
-            time.sleep(0.05)
+                raise RuntimeError(
+                    f"{name} did not listen on 127.0.0.1:{port} in {timeout_s:g} s: {_said(said)}"
+                ) from None
+            time.sleep(0.05)  # (polling for the condition: the server listens)

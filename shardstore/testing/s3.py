@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shardstore.testing.proxy import Traffic, free_port, proxied, server_process
+from shardstore.testing.proxy import Traffic, proxied, server_process
 
 __all__ = ["LocalS3", "local_s3"]
 
@@ -42,17 +42,8 @@ class LocalS3(Traffic):
 @contextmanager
 def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[LocalS3]:
     """Start moto_server and a counting proxy on 127.0.0.1; stop both on exit."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-c",
-        "from moto.server import main; main()",
-        "-H",
-        "127.0.0.1",
-        "-p",
-        str(port),
-    ]
-    with server_process(command, port, "moto_server", timeout_s=30):
+    command = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p"]
+    with server_process(lambda port: [*command, str(port)], "moto_server", timeout_s=30) as port:
         s3 = LocalS3(bucket=bucket)
         with proxied(port, s3) as url:
             s3.endpoint_url = url

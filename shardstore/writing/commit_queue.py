@@ -27,9 +27,10 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 from shardstore.sync_bridge import refuse_to_wait
+from shardstore.tasks import spawn
 from shardstore.writing.updates import ShardUpdates, Update, merge_updates
 
 __all__ = ["CommitQueue", "outcome"]
@@ -98,7 +99,6 @@ class CommitQueue(Generic[T]):
         self._lingering: set[_Batch[T]] = set()
         self._busy = 0  # batches lingering, queued or committing
         self._committing = 0  # batches whose commit is under way
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def submit(self, shard_key: str, target: T, updates: Mapping[int, list[Update]]) -> None:
         """Apply ``updates`` (position -> updates in order) to a shard; returns once committed."""
@@ -111,9 +111,7 @@ class CommitQueue(Generic[T]):
                     refuse_to_wait(previous.loop, shard_key, "the commit of an earlier write to its shard")
                 batch = self._pending[shard_key] = _Batch(target, loop)
                 self._tail[shard_key] = batch
-                task = loop.create_task(self._run(shard_key, batch, previous))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                spawn(self._run(shard_key, batch, previous))
             else:
                 refuse_to_wait(batch.loop, shard_key, "a pending write to its shard")
             batch.target = target

@@ -36,7 +36,7 @@ from shardstore.formats.indexed import (
 )
 from shardstore.inner import ChunkBytes, InnerStore, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
-from shardstore.tasks import gather
+from shardstore.tasks import gather, spawn
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import (
@@ -137,7 +137,6 @@ class ShardWriter:
         self._lock = threading.Lock()
         self._buffer: WriteBuffer[_Job] | None = None
         self._depth = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- writing ------------------------------------------------------------------
 
@@ -260,9 +259,7 @@ class ShardWriter:
         await self._settle(buffer)
 
     def _start(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
-        task = asyncio.get_running_loop().create_task(self._commit_held(buffer, held))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._commit_held(buffer, held))
 
     async def _commit_held(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
         try:
