@@ -75,7 +75,7 @@ def main(directory: Path) -> None:
     with (
         dask.config.set({"temporary-directory": str(directory)}),  # dask's scratch space goes here too
         LocalCluster(  # type: ignore[no-untyped-call]
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,  # type: ignore[no-untyped-call]
     ):

@@ -1,4 +1,5 @@
-"""Shared fixtures: every kind of inner store the contract names."""
+"""Shared fixtures: every kind of inner store the contract names, a local S3 API, writer
+processes, a dask cluster, and the guard against asyncio work left behind."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 from shardstore import ShardingStore
 
 from .processes import Writers
+
+# asserts in the shared helper modules explain themselves as a test's do (before they are imported)
+pytest.register_assert_rewrite("tests.helpers", "tests.fault_cases")
 
 # gcsfs 2026 asks a bucket's type over gRPC first and waits 60 s a call for the GCS
 # emulator, which has none; set before gcsfs is imported, inherited by spawned writers
@@ -65,6 +69,25 @@ def s3() -> Iterator[Any]:
 
     with local_s3() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def dask_threads_per_worker() -> int:
+    """Threads in each worker process of ``client``'s cluster; a module may override it."""
+    return 1
+
+
+@pytest.fixture(scope="module")
+def client(dask_threads_per_worker: int) -> Iterator[Any]:
+    """A dask.distributed client of a LocalCluster of two worker processes, per test module."""
+    distributed = pytest.importorskip("distributed")
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=dask_threads_per_worker, processes=True, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
+        yield c
 
 
 @pytest.fixture(scope="session")

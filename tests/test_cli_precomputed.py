@@ -18,20 +18,15 @@ import pytest
 
 from shardstore.cli import main
 
+from .helpers import sharding as sharding_json
+
 ts = pytest.importorskip("tensorstore")
 
 
 def _sharding(**fields: Any) -> dict[str, Any]:
-    return {
-        "@type": "neuroglancer_uint64_sharded_v1",
-        "preshift_bits": 0,
-        "hash": "identity",
-        "minishard_bits": 1,
-        "shard_bits": 2,
-        "minishard_index_encoding": "gzip",
-        "data_encoding": "gzip",
-        **fields,
-    }
+    """``helpers.sharding`` with this file's defaults (one minishard bit, two shard bits,
+    gzip for both encodings), any of its JSON fields replaced by ``fields``."""
+    return {**sharding_json(0, 1, 2, index="gzip", data="gzip"), **fields}
 
 
 def _kvstore(directory: Path, sharding: dict[str, Any]) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,17 +204,7 @@ def test_progress_bar_counts_bytes_only_when_asked() -> None:
 # -- on a dask cluster -----------------------------------------------------------------------------
 
 distributed = pytest.importorskip("distributed")
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as c,
-    ):
-        yield c
+# ``client``: conftest's cluster, one thread in each of its two worker processes
 
 
 def _opened_on_workers() -> int:

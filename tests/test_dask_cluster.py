@@ -7,7 +7,6 @@ conditional writes. ``rechunk_to_shards`` gives one block per shard instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,10 @@ SHAPE, CHUNKS, CPS, BLOCKS = (512, 512), (32, 32), (8, 8), (64, 64)  # 4 shards 
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as c,
-    ):
-        yield c
+def dask_threads_per_worker() -> int:
+    """Two threads in each worker process of conftest's ``client``: several threads of one
+    process write the same shards as well as several processes."""
+    return 2
 
 
 def _two_d(path: str, metadata: dict[str, Any]) -> list[int] | None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .helpers import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,12 +36,6 @@ def test_example_runs(tmp_path: Path) -> None:
     assert "89 chunks left" in out
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardstore", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def _sharded_dir(tmp_path: Path, **kwargs: object) -> str:
     import numpy as np
     import zarr
@@ -57,11 +53,11 @@ def _sharded_dir(tmp_path: Path, **kwargs: object) -> str:
 
 def test_cli_ls_and_info(tmp_path: Path) -> None:
     url = _sharded_dir(tmp_path)
-    listed = _cli("ls", url, "g/a/c/1/").stdout.split()
+    listed = run_cli("ls", url, "g/a/c/1/").stdout.split()
     assert listed == [f"g/a/c/1/{j}" for j in range(4)]
     import json
 
-    reports = {r["path"]: r for r in json.loads(_cli("info", url, "--json").stdout)}
+    reports = {r["path"]: r for r in json.loads(run_cli("info", url, "--json").stdout)}
     assert (
         reports["g/a"]["shards"] == 4
         and reports["g/a"]["chunks"] == 16
@@ -72,10 +68,10 @@ def test_cli_ls_and_info(tmp_path: Path) -> None:
 
 def test_cli_verify_names_damaged_shards(tmp_path: Path) -> None:
     url = _sharded_dir(tmp_path)
-    assert _cli("verify", url, "--decode").returncode == 0
+    assert run_cli("verify", url, "--decode").returncode == 0
     shard = tmp_path / "x.zarr" / "g" / "a" / "c" / "1" / "0"
     shard.write_bytes(shard.read_bytes()[:-5])
-    result = _cli("verify", url)
+    result = run_cli("verify", url)
     assert result.returncode == 1
     assert "g/a/c/1/0" in result.stdout and "DAMAGED" in result.stdout
 
@@ -87,13 +83,13 @@ def test_cli_compact_removes_dead_bytes(tmp_path: Path) -> None:
     from shardstore import ShardingStore
     from shardstore.maintenance import shard_reports
 
-    dead = json.loads(_cli("info", url, "--json").stdout)[0]["dead_bytes"]
+    dead = json.loads(run_cli("info", url, "--json").stdout)[0]["dead_bytes"]
     assert dead > 0
     # at least the shard rewritten after the whole write; others too where zarr's writes
     # of one shard reached it in more than one commit
     carrying = sum(r.dead_bytes > 0 for r in shard_reports(ShardingStore(url), "g/a/"))
     assert carrying >= 1
-    result = _cli("compact", url)
+    result = run_cli("compact", url)
     assert result.returncode == 0 and f"{carrying} shard(s) compacted, {dead:,} bytes freed" in result.stdout
-    assert json.loads(_cli("info", url, "--json").stdout)[0]["dead_bytes"] == 0
-    assert _cli("verify", url, "--decode").returncode == 0
+    assert json.loads(run_cli("info", url, "--json").stdout)[0]["dead_bytes"] == 0
+    assert run_cli("verify", url, "--decode").returncode == 0

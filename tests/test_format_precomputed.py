@@ -36,6 +36,8 @@ from shardstore.formats.precomputed import (
     split_shard,
 )
 
+from .helpers import sharding as sharding_json
+
 ts = pytest.importorskip("tensorstore")
 
 U64_MAX = 2**64 - 1
@@ -44,17 +46,8 @@ U64_MAX = 2**64 - 1
 def sharding(
     preshift: int, minishard: int, shard: int, hash: str = "identity", index: str = "raw", data: str = "raw"
 ) -> PrecomputedSharding:
-    return PrecomputedSharding.from_json(
-        {
-            "@type": TYPE_NAME,
-            "preshift_bits": preshift,
-            "hash": hash,
-            "minishard_bits": minishard,
-            "shard_bits": shard,
-            "minishard_index_encoding": index,
-            "data_encoding": data,
-        }
-    )
+    """``helpers.sharding``, parsed: the format functions here take the object, not its JSON."""
+    return PrecomputedSharding.from_json(sharding_json(preshift, minishard, shard, hash, index, data))
 
 
 # -- MurmurHash3_x86_128 ------------------------------------------------------------------

@@ -28,7 +28,7 @@ from shardstore.formats.precomputed import (
 )
 from shardstore.instrument import CountingInner
 
-from .helpers import later_clock
+from .helpers import later_clock, sharding
 from .processes import Writers
 
 ts = pytest.importorskip("tensorstore")
@@ -36,25 +36,6 @@ ts = pytest.importorskip("tensorstore")
 U64_MAX = 2**64 - 1
 SHARD0 = r"'0\.shard'"
 """How errors name the shard file ``0.shard``."""
-
-
-def sharding(
-    preshift: int,
-    minishard: int,
-    shard: int,
-    hash: str = "identity",
-    index: str = "raw",
-    data: str = "raw",
-) -> dict[str, Any]:
-    return {
-        "@type": "neuroglancer_uint64_sharded_v1",
-        "preshift_bits": preshift,
-        "hash": hash,
-        "minishard_bits": minishard,
-        "shard_bits": shard,
-        "minishard_index_encoding": index,
-        "data_encoding": data,
-    }
 
 
 SMALL = sharding(0, 2, 2)

@@ -17,6 +17,8 @@ import pytest
 from shardstore import PrecomputedShardedStore, ShardFormatError, ShardingConfigError
 from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
 
+from .helpers import sharding as sharding_json
+
 ts = pytest.importorskip("tensorstore")
 
 
@@ -28,15 +30,9 @@ def sharding(
     index: str = "raw",
     data: str = "raw",
 ) -> dict[str, Any]:
-    return {
-        "@type": "neuroglancer_uint64_sharded_v1",
-        "preshift_bits": preshift,
-        "hash": hash,
-        "minishard_bits": minishard,
-        "shard_bits": shard,
-        "minishard_index_encoding": index,
-        "data_encoding": data,
-    }
+    """``helpers.sharding`` with this file's order (the hash first) and defaults (every
+    argument has one: one minishard bit, one shard bit)."""
+    return sharding_json(preshift, minishard, shard, hash, index, data)
 
 
 def open_ts(root: Path, dtype: str, channels: int, scale: dict[str, Any], create: bool = True) -> Any:

@@ -1,9 +1,8 @@
-"""Requests on an S3 API (moto_server on 127.0.0.1, started and stopped here)."""
+"""Requests on an S3 API (moto_server on 127.0.0.1, one per module: conftest's ``s3``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,15 +12,9 @@ from shardstore import ShardingStore
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-from shardstore.testing.s3 import LocalS3, local_s3
+from shardstore.testing.s3 import LocalS3
 
 from .helpers import later_clock
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[LocalS3]:
-    with local_s3() as server:
-        yield server
 
 
 def _store(s3: LocalS3, path: str, **kwargs: object) -> ShardingStore:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import pytest
 from zarr.abc.store import ByteRequest, RangeByteRequest
@@ -13,8 +11,9 @@ from zarr.core.buffer import Buffer, BufferPrototype, cpu, default_buffer_protot
 from shardstore.reading.coalescing import ReadCoalescer
 from shardstore.tasks import in_flight
 
+from .helpers import turns_until, within
+
 Request = tuple[str, ByteRequest | None]
-T = TypeVar("T")
 
 
 class FakeFetch:
@@ -50,19 +49,6 @@ PROTO = default_buffer_prototype()
 
 def as_bytes(value: Buffer | BaseException | None) -> bytes | BaseException | None:
     return value.to_bytes() if isinstance(value, Buffer) else value
-
-
-async def within(awaitable: Awaitable[T], seconds: float = 5) -> T:
-    """Await ``awaitable``, failing instead of hanging should it never complete."""
-    return await asyncio.wait_for(awaitable, seconds)
-
-
-async def turns_until(condition: Callable[[], bool], limit: int = 50) -> None:
-    for _ in range(limit):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"condition still false after {limit} loop turns")
 
 
 async def test_gets_of_one_turn_are_one_batched_call() -> None:

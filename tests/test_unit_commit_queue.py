@@ -10,30 +10,17 @@ import asyncio
 import concurrent.futures
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import Splice, Update, apply_updates, independent_of_old, merge_updates
 
+from .helpers import turns_until, within
+
 Updates = dict[int, list[Update]]
-T = TypeVar("T")
-
-
-async def turns_until(condition: Callable[[], bool], limit: int = 50) -> int:
-    """The number of event-loop turns until ``condition`` holds (fails past ``limit``)."""
-    for turn in range(limit):
-        if condition():
-            return turn
-        await asyncio.sleep(0)
-    raise AssertionError(f"condition still false after {limit} loop turns")
-
-
-async def within(awaitable: Awaitable[T], seconds: float = 5) -> T:
-    """Await ``awaitable``, failing instead of hanging should it never complete."""
-    return await asyncio.wait_for(awaitable, seconds)
 
 
 async def spin(turns: int) -> None:

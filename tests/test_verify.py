@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,8 @@ from zarr.codecs import Crc32cCodec
 from shardstore import ShardingStore
 from shardstore.formats.indexed import MISSING, IndexedFormat
 from shardstore.maintenance import compact, info, leftovers, list_keys, shard_reports, verify
+
+from .helpers import run_cli
 
 SHARD = "a/c/0/1"  # chunks a/c/0/2, a/c/0/3, a/c/1/2, a/c/1/3
 OTHER = "a/c/1/0"
@@ -225,19 +225,13 @@ def test_other_tools_go_on_past_a_damaged_shard(tmp_path: Path, name: str) -> No
 # -- command line ----------------------------------------------------------------------
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardstore", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def test_cli_verify_exits_1_naming_every_damaged_shard(tmp_path: Path) -> None:
     root = _array(tmp_path, write_strategy="append")
-    assert _cli("verify", str(root), "--decode").returncode == 0
+    assert run_cli("verify", str(root), "--decode").returncode == 0
     _damage(root, SHARD, "duplicated")
     _damage(root, OTHER, "truncated file")
     (root / "a/c/1/.1.lock").write_bytes(b"")
-    result = _cli("verify", str(root), "--decode")
+    result = run_cli("verify", str(root), "--decode")
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.startswith(f"DAMAGED {SHARD}: shard: duplicated entries") for line in lines)
@@ -249,7 +243,7 @@ def test_cli_verify_exits_1_naming_every_damaged_shard(tmp_path: Path) -> None:
 def test_cli_info_and_ls_go_on_and_print_no_absurd_figure(tmp_path: Path) -> None:
     root = _array(tmp_path)
     _damage(root, SHARD, "huge offset")
-    results = {" ".join(args): _cli(*args, str(root)) for args in (["info"], ["info", "--json"], ["ls"])}
+    results = {" ".join(args): run_cli(*args, str(root)) for args in (["info"], ["info", "--json"], ["ls"])}
     for result in results.values():
         assert result.returncode == 1 and "Traceback" not in result.stderr
         assert f"shard {SHARD!r}" in result.stderr
@@ -264,8 +258,8 @@ def test_cli_info_and_ls_go_on_and_print_no_absurd_figure(tmp_path: Path) -> Non
 
 
 def test_cli_exit_status_2_for_usage_errors_and_unreadable_stores(tmp_path: Path) -> None:
-    assert _cli("info", str(tmp_path / "nothing")).returncode == 2
-    assert "no zarr hierarchy" in _cli("verify", str(tmp_path)).stderr
-    bad = _cli("ls", str(tmp_path), "--storage-options", "{not json")
+    assert run_cli("info", str(tmp_path / "nothing")).returncode == 2
+    assert "no zarr hierarchy" in run_cli("verify", str(tmp_path)).stderr
+    bad = run_cli("ls", str(tmp_path), "--storage-options", "{not json")
     assert bad.returncode == 2 and "not JSON" in bad.stderr and "Traceback" not in bad.stderr
-    assert _cli("--version").stdout.startswith("shardstore ")
+    assert run_cli("--version").stdout.startswith("shardstore ")
