@@ -11,10 +11,10 @@ from shardstore import errors
 from shardstore._version import __version__
 from shardstore.errors import *  # noqa: F403  (the error classes are part of the public API)
 from shardstore.formats.precomputed import PrecomputedSharding
-from shardstore.formats.precomputed.store import PrecomputedShardedStore
-from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
 from shardstore.layouts import switch_layout
 from shardstore.maintenance import ArrayReport, ShardReport, compact, info, verify
+from shardstore.neuroglancer.store import PrecomputedShardedStore
+from shardstore.neuroglancer.volume import PrecomputedScale, PrecomputedVolume
 from shardstore.pipeline import PIPELINE_PATH, ShardAwarePipeline
 from shardstore.rechunk import rechunk_to_shards, shard_shape
 from shardstore.store import ShardingStore

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardstore.formats.base import ChunkTable, ShardFormat
-from shardstore.formats.indexed import IndexedFormat, in_grid_positions
 from shardstore.metadata import ArrayInfo
 
 __all__ = ["ChunkAddress", "ShardAddress", "locate", "shard_at"]
@@ -29,16 +28,14 @@ class ShardAddress:
         return self.info.shard_format
 
     @property
-    def indexed(self) -> IndexedFormat | None:
-        """The shard's format where chunks are index positions (None: chunk ids)."""
-        fmt = self.shard_format
-        return fmt if isinstance(fmt, IndexedFormat) else None
+    def nominal_nbytes(self) -> int | None:
+        """A full shard's bytes before compression, where the data type tells it."""
+        return self.info.nominal_shard_nbytes
 
-    def in_grid_positions(self) -> tuple[int, ...]:
-        """Index positions of this indexed shard's chunks that lie inside the array."""
-        fmt = self.indexed
-        assert fmt is not None
-        return in_grid_positions(self.info.grid_shape, fmt.chunks_per_shard, self.coords)
+    def places_in_grid(self) -> tuple[int, ...] | None:
+        """The places of this shard's chunks that lie inside the array (None where the
+        format spreads a shard's chunks over the grid: not enumerated)."""
+        return self.shard_format.places_in(self.coords, self.info.grid_shape)
 
     def present_keys(self, table: ChunkTable) -> list[tuple[int, str]]:
         """(place, chunk key) of every chunk inside the array the table says is

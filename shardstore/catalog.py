@@ -8,12 +8,10 @@ in the inner store. Entries are dropped when their documents are deleted.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from shardstore.errors import StaleArrayError
-from shardstore.formats.precomputed import PrecomputedSharding, renumbered
 from shardstore.inner import InnerStore
 from shardstore.keys import candidate_array_paths, join_path
 from shardstore.metadata import (
@@ -32,8 +30,6 @@ if TYPE_CHECKING:
     from shardstore.addressing import ShardAddress
 
 __all__ = ["ArrayCatalog"]
-
-_SHARD_FILE = re.compile(r"(?:[^/]+/)?[0-9a-f]+\.shard")
 
 
 class ArrayCatalog:
@@ -125,19 +121,19 @@ class ArrayCatalog:
         return None
 
     async def array_for_shard_file(self, key: str) -> ArrayInfo | None:
-        """The array sharded by chunk ids whose chunk prefix holds ``key``, a shard file
-        named like ``<hex>.shard`` there or one directory below (its shard directory,
-        or one an interrupted resize left): such keys are no chunk keys. Whether it is
-        one of the array's shards now is :func:`~shardstore.addressing.shard_at`'s to say."""
+        """The array whose format names its shard objects itself and whose chunk prefix
+        holds ``key``, named as one of them there or one directory below (its shard
+        directory, or one an interrupted resize left): such keys are no chunk keys.
+        Whether it is one of the array's shards now is
+        :func:`~shardstore.addressing.shard_at`'s to say."""
         parts = key.split("/")[:-1]
-        for up in range(min(len(parts), 3) + 1):  # <array>/[c/][directory/]<hex>.shard
+        for up in range(min(len(parts), 3) + 1):  # <array>/[c/][directory/]<shard file>
             info = await self.lookup("/".join(parts[: len(parts) - up]))
-            if (
-                info is not None
-                and isinstance(info.shard_format, PrecomputedSharding)
-                and key.startswith(info.chunk_prefix)
-                and _SHARD_FILE.fullmatch(key[len(info.chunk_prefix) :]) is not None
-            ):
+            fmt = None if info is None else info.shard_format
+            if info is None or fmt is None or not fmt.named_shards or not key.startswith(info.chunk_prefix):
+                continue
+            rest = key[len(info.chunk_prefix) :].split("/")
+            if len(rest) <= 2 and fmt.shard_of_file(rest[-1]) is not None:
                 return info
         return None
 
@@ -153,7 +149,7 @@ class ArrayCatalog:
         if now is None or now.shard_format is None or now == was:
             return  # unchanged, or deleted (a write then makes an orphan, as in zarr)
         self.remember(was.path, name, raw)
-        if now.shard_prefix != was.shard_prefix or renumbered(was.grid_shape, now.grid_shape):
+        if now.shard_prefix != was.shard_prefix or now.shard_format.renumbers(was.grid_shape, now.grid_shape):
             raise StaleArrayError(
                 f"array {was.path or '/'!r} was resized elsewhere (shape {list(was.shape)} -> "
                 f"{list(now.shape)}) since this store read its metadata, which moved its chunks to "

@@ -86,7 +86,7 @@ def _opened(what: Callable[[], Any], url: str) -> Any:
 def _zarr_store(args: argparse.Namespace, **kwargs: Any) -> Any:
     """The store at ``args.url`` if it holds a zarr hierarchy (a root node, as
     ``zarr.open`` needs), else None."""
-    from shardstore import sync_bridge
+    import shardstore.sync_bridge as sync_bridge
     from shardstore.store import ShardingStore
 
     store = _opened(lambda: ShardingStore(args.url, storage_options=args.storage_options, **kwargs), args.url)
@@ -115,8 +115,8 @@ def _inspection(args: argparse.Namespace) -> Inspection:
     neuroglancer precomputed shard files at ``args.url``; else the zarr hierarchy there
     (opened read-only), or failing that the neuroglancer precomputed data its ``info``
     file describes."""
-    from shardstore.formats.precomputed.tools import find_precomputed
     from shardstore.maintenance.inspection import ZarrInspection
+    from shardstore.neuroglancer.tools import find_precomputed
 
     if args.sharding is not None:
         given: Inspection = _opened(
@@ -255,7 +255,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _layout(args: argparse.Namespace) -> int:
-    from shardstore import sync_bridge
+    import shardstore.sync_bridge as sync_bridge
     from shardstore.layouts import switch_layout
 
     store = _store(args)

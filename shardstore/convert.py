@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.sync import sync
 
-from shardstore import progress as bars
+import shardstore.progress as bars
 from shardstore.addressing import ShardAddress, locate
 from shardstore.errors import ShardFormatError, ShardingConfigError, ShardStoreError
 from shardstore.formats.base import ChunkTable, table_entry

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.formats.base import ChunkTable
-from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import InnerStore
 from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
@@ -95,7 +94,7 @@ class StoreInternals:
         else:
             doc = {"zarr_format": 3, "node_type": "array", "shape": list(shape), "data_type": dtype}
             fmt = self._policy.format_for(path, doc, len(shape))
-        return fmt.chunks_per_shard if isinstance(fmt, IndexedFormat) else None
+        return None if fmt is None else fmt.grid_block
 
     @property
     def write_strategy(self) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
+from shardstore.choices import Layout
 from shardstore.errors import ShardingConfigError
 from shardstore.keys import join_path
 from shardstore.metadata import (
     V2_ARRAY,
     V3_NAME,
     Document,
-    Layout,
     array_info,
     consolidated_arrays,
     dump_document,

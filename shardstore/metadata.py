@@ -16,21 +16,21 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
+from shardstore.choices import Layout
 from shardstore.chunk_grids import DimSpec, covering_edges, dim_specs
-from shardstore.codec_form import (
-    Document,
-    parse_codec_form,
-    to_codec_form,
+from shardstore.errors import ShardingConfigError
+from shardstore.formats import (
+    DEFAULT_TYPE,
+    ShardFormat,
+    codec_form_of,
+    format_from_config,
+    format_from_object,
     to_plain_form,
 )
-from shardstore.errors import ShardingConfigError
-from shardstore.formats import ShardFormat, format_from_config
-from shardstore.formats.indexed import IndexedFormat
-from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.keys import ChunkKeyGrammar, join_path
 
 __all__ = [
@@ -44,6 +44,9 @@ __all__ = [
     "load_document",
     "present_document",
 ]
+
+Document = dict[str, Any]
+"""A parsed JSON metadata document (``zarr.json``, ``.zarray``, ...)."""
 
 V3_NAME = "zarr.json"
 V2_ARRAY = ".zarray"
@@ -64,7 +67,6 @@ shardstore: zarr-python raises ``Unknown codec: 'shardstore.sharding'`` (v3) or
 numcodecs ``codec not available`` (v2) wherever it parses the array's metadata."""
 _DRAFT_EXTENSION_SUFFIX = "storage_transformers/sharding/1.0"
 
-Layout: TypeAlias = Literal["transformer", "codec"]
 ShardingChoice: TypeAlias = Sequence[int] | ShardFormat
 """Chunks per shard (the indexed format), or a shard format itself."""
 ChunksPerShard: TypeAlias = (
@@ -99,7 +101,7 @@ def _format_from_entry(path: str, entry: Document, ndim: int) -> ShardFormat:
     config = entry.get("configuration")
     if not isinstance(config, dict):
         raise ShardingConfigError(f"{where}: sharding transformer has no configuration object")
-    kind = config.get("type", entry.get("type", IndexedFormat.type_name))
+    kind = config.get("type", entry.get("type", DEFAULT_TYPE))
     return format_from_config(kind, config, where).for_array(path, ndim)
 
 
@@ -133,9 +135,9 @@ class ArrayInfo:
     @property
     def nominal_shard_nbytes(self) -> int | None:
         """A full shard's size before compression, where the data type tells it."""
-        if self.itemsize is None or not isinstance(self.shard_format, IndexedFormat):
+        if self.itemsize is None or self.shard_format is None:
             return None
-        return math.prod(self.chunks) * self.shard_format.n_chunks * self.itemsize
+        return self.shard_format.nominal_nbytes(math.prod(self.chunks) * self.itemsize)
 
     @property
     def ndim(self) -> int:
@@ -172,10 +174,8 @@ class ArrayInfo:
     def shard_prefix(self) -> str:
         """Every shard key of the array starts with this: the chunk prefix, or for
         chunks numbered by id the directory below it that the sharding names."""
-        fmt = self.shard_format
-        if isinstance(fmt, PrecomputedSharding) and fmt.directory:
-            return f"{self.chunk_prefix}{fmt.directory}/"
-        return self.chunk_prefix
+        directory = "" if self.shard_format is None else self.shard_format.subdirectory
+        return f"{self.chunk_prefix}{directory}/" if directory else self.chunk_prefix
 
     def tail(self, key: str) -> str | None:
         return key[len(self.prefix) :] if key.startswith(self.prefix) else None
@@ -232,7 +232,7 @@ def array_info(path: str, name: str, doc: Document) -> ArrayInfo | None:
                 grid.get("configuration", {}).get("chunk_shape") if grid.get("name") == "regular" else None
             )
             specs = dim_specs(grid)
-            codec = parse_codec_form(doc)
+            codec = codec_form_of(doc)
         elif name == V2_ARRAY:
             grammar = ChunkKeyGrammar("v2", doc.get("dimension_separator") or ".")
             chunks, codec, specs = doc.get("chunks"), None, None
@@ -299,7 +299,7 @@ def present_document(path: str, name: str, doc: Document, passthrough: Callable[
 def _present_one(path: str, doc: Document, passthrough: Callable[[str], bool]) -> bool:
     if _strip_one(doc):
         return True
-    form = parse_codec_form(doc) if doc.get("node_type") == "array" else None
+    form = codec_form_of(doc) if doc.get("node_type") == "array" else None
     if form is None or form.unservable is not None or passthrough(path):
         return False
     plain = to_plain_form(doc, form)
@@ -357,11 +357,7 @@ def inject_sharding(doc: Document, fmt: ShardFormat, form: Layout = "transformer
     only) as standard ``sharding_indexed`` metadata, which plain readers are meant
     to read (no marker)."""
     if form == "codec":
-        if not isinstance(fmt, IndexedFormat):
-            raise ShardingConfigError(
-                f"layout 'codec' describes only the indexed shard format, not {fmt.type_name!r}"
-            )
-        sharded = to_codec_form(doc, fmt)
+        sharded = fmt.codec_document(doc)
         doc.clear()
         doc.update(sharded)
         return
@@ -417,9 +413,8 @@ class ShardingPolicy:
             raise ShardingConfigError(f"index_location must be 'start' or 'end', not {self.index_location!r}")
         if isinstance(cps, Sequence) and not isinstance(cps, str | bytes):
             object.__setattr__(self, "chunks_per_shard", tuple(cps))  # (4, 4) == [4, 4]
-        if isinstance(cps, Mapping) and "@type" in cps:  # a neuroglancer "sharding" object, not paths
-            fmt = PrecomputedSharding.from_json(cps, "chunks_per_shard")
-            object.__setattr__(self, "chunks_per_shard", fmt)
+        if isinstance(cps, Mapping) and "@type" in cps:  # a format's own JSON object, not paths
+            object.__setattr__(self, "chunks_per_shard", format_from_object(cps, "chunks_per_shard"))
 
     def names(self, path: str) -> bool:
         """Whether the user asked for this array by path (a mapping entry)."""
@@ -430,8 +425,8 @@ class ShardingPolicy:
         cps = self.chunks_per_shard
         if cps is None:
             return None
-        if isinstance(cps, ShardFormat):  # an indexed one, as a sequence: its rank only
-            same_rank = not isinstance(cps, IndexedFormat) or len(cps.chunks_per_shard) == ndim
+        if isinstance(cps, ShardFormat):  # one of grid blocks, as a sequence: its rank only
+            same_rank = cps.grid_block is None or len(cps.grid_block) == ndim
             chosen: Any = cps if same_rank else None
         elif callable(cps):
             chosen = cps(path, doc)
@@ -441,8 +436,8 @@ class ShardingPolicy:
             chosen = cps if len(cps) == ndim else None  # other ranks stay unsharded
         if chosen is None:
             return None
-        if isinstance(chosen, Mapping):  # a neuroglancer "sharding" object as a mapping value
-            chosen = PrecomputedSharding.from_json(chosen, f"array {path or '/'!r}: chunks_per_shard")
+        if isinstance(chosen, Mapping):  # a format's own JSON object as a mapping value
+            chosen = format_from_object(chosen, f"array {path or '/'!r}: chunks_per_shard")
         if isinstance(chosen, ShardFormat):
             return chosen.for_array(path, ndim)
         if isinstance(chosen, str | bytes) or not isinstance(chosen, Sequence):
@@ -453,4 +448,4 @@ class ShardingPolicy:
             "index_location": self.index_location,
             "index_checksum": self.index_checksum,
         }
-        return IndexedFormat.from_config(config, where).for_array(path, ndim)
+        return format_from_config(DEFAULT_TYPE, config, where).for_array(path, ndim)

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 import zarr
 from zarr.abc.store import ByteRequest
 
 from shardstore.catalog import ArrayCatalog
+from shardstore.choices import Layout, Renumbering
 from shardstore.chunk_grids import check_rectilinear_supported, is_rectilinear
-from shardstore.codec_form import codec_layout_problem
 from shardstore.errors import ShardingConfigError, ShardingPassthroughWarning, UnshardedArrayWarning
 from shardstore.formats.base import ShardFormat
-from shardstore.formats.indexed import IndexedFormat
-from shardstore.formats.precomputed import PrecomputedSharding, renumbered
-from shardstore.id_migration import Migration, delete_old, migrate, shard_keys
 from shardstore.inner import InnerStore, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.keys import join_path, split_key
@@ -33,7 +30,6 @@ from shardstore.metadata import (
     ARRAY_DOC_NAMES,
     V3_NAME,
     ArrayInfo,
-    Layout,
     ShardingPolicy,
     array_info,
     consolidated_arrays,
@@ -42,11 +38,11 @@ from shardstore.metadata import (
     load_document,
     present_document,
 )
+from shardstore.renumbering import Migration, delete_old, migrate, shard_keys
 from shardstore.tasks import gather
 
-__all__ = ["MetadataGateway", "Renumbering"]
+__all__ = ["MetadataGateway"]
 
-Renumbering = Literal["migrate", "refuse"]
 """What a resize that would give stored chunks new ids (neuroglancer format) does."""
 
 
@@ -143,14 +139,18 @@ class MetadataGateway:
         if written.shard_format is not None:  # the writer recorded a config itself
             return (written.shard_format, "transformer"), None
         existing = await self._catalog.document(path, name)  # the document being replaced
-        if existing is not None and isinstance(existing.shard_format, PrecomputedSharding):
+        if (
+            existing is not None
+            and existing.shard_format is not None
+            and existing.shard_format.places_follow_grid
+        ):
             # Chunk ids: another process may have moved them since we read it.
             existing = await self._catalog.document(path, name, refresh=True)
         if existing is not None and (existing.chunks, existing.grammar) == (written.chunks, written.grammar):
             # the same array, resized or re-attributed: keep its config and form
             if existing.shard_format is None:
                 return None, None
-            if not isinstance(existing.shard_format, PrecomputedSharding):
+            if not existing.shard_format.places_follow_grid:
                 return (existing.shard_format, existing.form), None
             migration = await self._keep_ids(path, name, existing, written)
             fmt = existing.shard_format if migration is None else migration.shard_format
@@ -165,7 +165,8 @@ class MetadataGateway:
         would renumber stored chunks moves them to their new ids (the document written
         next commits it) or, with ``renumbering="refuse"``, is refused before anything
         changes."""
-        if not renumbered(existing.grid_shape, written.grid_shape):
+        assert existing.shard_format is not None
+        if not existing.shard_format.renumbers(existing.grid_shape, written.grid_shape):
             return None
         if self._renumbering == "migrate":
             if self._settle is not None:  # chunks buffered for their old ids are stored first
@@ -221,14 +222,14 @@ class MetadataGateway:
         if fmt is None:
             self._note_unsharded(path, written.ndim)
             return None
-        form: Layout = self._form if isinstance(fmt, IndexedFormat) else "transformer"
+        form: Layout = self._form if fmt.has_codec_form else "transformer"
         if form == "codec" and name != V3_NAME:
             raise ShardingConfigError(
                 f"array {path or '/'!r}: layout='codec' needs zarr v3 metadata (a zarr v2 array has no "
                 "codec pipeline to describe its shards in); create it with zarr_format=3, or use "
                 "layout='transformer'"
             )
-        if form == "codec" and (problem := codec_layout_problem(doc)) is not None:
+        if form == "codec" and (problem := fmt.codec_form_problem(doc)) is not None:
             raise ShardingConfigError(
                 f"array {path or '/'!r}: layout='codec' {problem}; use layout='transformer', which "
                 "shards any chunk grid"

@@ -9,28 +9,14 @@ so that the read path only follows it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
+from shardstore.choices import IndexCacheMode, Layout, ReadStrategy, Renumbering, WholeShards, WriteStrategy
 from shardstore.errors import ShardingConfigError
-from shardstore.inner import InnerStore
-from shardstore.inner.base import DEFAULT_ATTEMPTS
-from shardstore.metadata import Layout
-from shardstore.metadata_gateway import Renumbering
-from shardstore.writing.writer import WriteStrategy
+from shardstore.inner.base import DEFAULT_ATTEMPTS, Capabilities
 
-__all__ = [
-    "AUTO_WHOLE_SHARD_BYTES",
-    "DEFAULT_FETCH_CONCURRENCY",
-    "IndexCacheMode",
-    "ReadPolicy",
-    "ReadStrategy",
-    "StoreOptions",
-    "WholeShards",
-]
+__all__ = ["AUTO_WHOLE_SHARD_BYTES", "DEFAULT_FETCH_CONCURRENCY", "ReadPolicy", "StoreOptions"]
 
-ReadStrategy = Literal["auto", "chunk", "shard"]
-IndexCacheMode = Literal["auto", "trust", "off", "revalidate"]
-WholeShards = Literal["never", "first", "repeat", "always"]
 
 AUTO_WHOLE_SHARD_BYTES = {True: 2 * 2**20, False: 16 * 2**20}
 """``read_strategy="auto"`` fetches shards whole up to this uncompressed size
@@ -118,9 +104,8 @@ class ReadPolicy:
     revalidate: bool = False
 
     @classmethod
-    def resolve(cls, options: StoreOptions, inner: InnerStore) -> ReadPolicy:
+    def resolve(cls, options: StoreOptions, can: Capabilities) -> ReadPolicy:
         mode = options.index_cache
-        can = inner.capabilities
         checked = mode in ("auto", "revalidate")
         # indices only where a read can check them for free, unless trusted
         caching = mode == "trust" or (checked and (can.versions or can.versioned_ranges))

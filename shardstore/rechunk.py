@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import zarr
 
-from shardstore import sync_bridge
+import shardstore.sync_bridge as sync_bridge
 from shardstore.keys import join_path
 from shardstore.store import ShardingStore
 

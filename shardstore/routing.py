@@ -13,7 +13,6 @@ from typing import Literal, TypeAlias
 from shardstore.addressing import ChunkAddress, locate
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ChunkKeyError
-from shardstore.formats.precomputed import PrecomputedSharding
 from shardstore.keys import INTEGER, split_key
 from shardstore.metadata import METADATA_NAMES, ArrayInfo
 
@@ -93,7 +92,7 @@ class KeyRouter:
                 f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
                 f"(grid shape {list(info.grid_shape)})"
             )
-        if coords is None or (not inside and isinstance(info.shard_format, PrecomputedSharding)):
+        if coords is None or (not inside and info.shard_format.places_follow_grid):
             return "absent"  # (chunk ids number only the grid's positions)
         address = locate(info, key, coords)
         if inside:  # valid for reads and writes alike until the catalog changes

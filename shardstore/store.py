@@ -16,32 +16,34 @@ from typing import Any, Literal
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from shardstore import sync_bridge
+import shardstore.sync_bridge as sync_bridge
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
+from shardstore.choices import IndexCacheMode, Layout, ReadStrategy, Renumbering, WriteStrategy
 from shardstore.default_pipeline import become_default
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
-from shardstore.inner import ChunkBytes, adapt
+from shardstore.inner import ChunkBytes, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.internals import StoreInternals
 from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
-from shardstore.metadata import ChunksPerShard, Layout, ShardingPolicy
-from shardstore.metadata_gateway import MetadataGateway, Renumbering
-from shardstore.options import (
-    DEFAULT_FETCH_CONCURRENCY,
-    IndexCacheMode,
-    ReadPolicy,
-    ReadStrategy,
-    StoreOptions,
-)
+from shardstore.metadata import ChunksPerShard, ShardingPolicy
+from shardstore.metadata_gateway import MetadataGateway
+from shardstore.options import DEFAULT_FETCH_CONCURRENCY, ReadPolicy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.coalescing import ReadCoalescer
 from shardstore.reading.reader import ShardReader
 from shardstore.routing import KeyRouter
 from shardstore.tasks import gather
-from shardstore.writing.updates import Splice, UpdatesByShard, add_update, apply_updates
-from shardstore.writing.writer import DEFAULT_BATCH_BYTES, BatchScope, ShardWriter, WriteStrategy
+from shardstore.writing.updates import (
+    Splice,
+    Update,
+    UpdatesByShard,
+    add_update,
+    apply_updates,
+    independent_of_old,
+)
+from shardstore.writing.writer import DEFAULT_BATCH_BYTES, BatchScope, ShardWriter
 
 __all__ = ["ShardingStore"]
 
@@ -140,7 +142,7 @@ class ShardingStore(Store):
         self._inner = adapt(inner, storage_options)
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)
-        reads = ReadPolicy.resolve(self._options, self._inner)
+        reads = ReadPolicy.resolve(self._options, self._inner.capabilities)
         self._reader = ShardReader(
             self._inner, IndexCache(reads.index_cache_bytes), ShardCache(reads.shard_cache_bytes), reads
         )
@@ -308,28 +310,39 @@ class ShardingStore(Store):
     async def _read_checked(
         self, prototype: BufferPrototype, requests: list[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
-        """``get_partial_values`` for requests already checked (the coalesced ``get()``s)."""
+        """``get_partial_values`` for requests already checked (the coalesced ``get()``s):
+        chunk reads, metadata reads and reads passed through, each kind in one batch."""
         results: list[ChunkBytes | None] = [None] * len(requests)
-        by_route: dict[str, list[tuple[int, Any, ByteRequest | None]]] = {}
+        chunks: list[tuple[int, ChunkAddress, ByteRequest | None]] = []
+        metadata: list[tuple[int, str, ByteRequest | None]] = []
+        passed: list[tuple[int, str, ByteRequest | None]] = []
         for slot, (key, byte_range) in enumerate(requests):
             where = await self._router.route(key)
-            kind = "chunk" if isinstance(where, ChunkAddress) else where
-            by_route.setdefault(kind, []).append((slot, where if kind == "chunk" else key, byte_range))
-        parts: list[tuple[list[int], Awaitable[Sequence[ChunkBytes | None]]]] = [
-            ([slot for slot, _, _ in entries], self._read_routed(kind, [(w, r) for _, w, r in entries]))
-            for kind, entries in by_route.items()
-            if kind != "absent"
-        ]
+            if isinstance(where, ChunkAddress):
+                chunks.append((slot, where, byte_range))
+            elif where == "metadata":
+                metadata.append((slot, key, byte_range))
+            elif where == "inner":
+                passed.append((slot, key, byte_range))
+        reads: list[tuple[list[int], Awaitable[Sequence[ChunkBytes | None]]]] = []
+        if chunks:
+            reads.append(([i for i, _, _ in chunks], self._read_chunks([(c, r) for _, c, r in chunks])))
+        if metadata:
+            reads.append(
+                ([i for i, _, _ in metadata], self._metadata.get_many([(k, r) for _, k, r in metadata]))
+            )
+        if passed:
+            reads.append(([i for i, _, _ in passed], self._inner.get_many([(k, r) for _, k, r in passed])))
         # the common case, one kind of key, needs no gather (and no tasks)
-        values = [await parts[0][1]] if len(parts) == 1 else await gather(*(p for _, p in parts))
-        for (slots, _), part_values in zip(parts, values, strict=True):
-            for slot, value in zip(slots, part_values, strict=True):
+        values = [await reads[0][1]] if len(reads) == 1 else await gather(*(r for _, r in reads))
+        for (slots, _), read_values in zip(reads, values, strict=True):
+            for slot, value in zip(slots, read_values, strict=True):
                 results[slot] = value
         buffers = [None if v is None else prototype.buffer.from_bytes(v) for v in results]
         missing = {
-            slot: where.shard
-            for slot, where, _ in by_route.get("chunk", ())
-            if results[slot] is None and where.shard.indexed is None
+            slot: chunk.shard
+            for slot, chunk, _ in chunks
+            if results[slot] is None and chunk.shard.shard_format.places_follow_grid
         }
         if missing and await self._renumbered_elsewhere(list(missing.values())):
             # a chunk of a renumbered array: read at its new id, as plain zarr would find it
@@ -350,14 +363,34 @@ class ShardingStore(Store):
                 moved = True
         return moved
 
-    def _read_routed(
-        self, kind: str, requests: list[tuple[Any, ByteRequest | None]]
-    ) -> Awaitable[Sequence[ChunkBytes | None]]:
-        if kind == "chunk":
-            return self._writer.read_through(requests, self._reader.read_chunks)
-        if kind == "metadata":
-            return self._metadata.get_many(requests)
-        return self._inner.get_many(requests)
+    async def _read_chunks(
+        self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]
+    ) -> list[ChunkBytes | None]:
+        """Chunk bytes from their shards, as an open ``batch()`` would leave them: a chunk
+        the batch gives a whole new value is served from it; one with a splice still
+        buffered is read whole and the splice applied."""
+        if not self._writer.buffering:
+            return await self._reader.read_chunks(chunks)
+        results: list[ChunkBytes | None] = [None] * len(chunks)
+        stored: list[int] = []
+        spliced: list[tuple[int, list[Update]]] = []
+        for slot, (chunk, byte_range) in enumerate(chunks):
+            pending = self._writer.pending(chunk)
+            if pending is None:
+                stored.append(slot)
+            elif independent_of_old(pending):
+                value = apply_updates(None, pending)
+                results[slot] = None if value is None else slice_range(value, byte_range)
+            else:
+                spliced.append((slot, pending))
+        wanted = [chunks[i] for i in stored] + [(chunks[i][0], None) for i, _ in spliced]
+        values = await self._reader.read_chunks(wanted) if wanted else []
+        for slot, read_value in zip([*stored, *(i for i, _ in spliced)], values, strict=True):
+            results[slot] = read_value
+        for slot, pending in spliced:
+            spliced_value = apply_updates(results[slot], pending)
+            results[slot] = None if spliced_value is None else slice_range(spliced_value, chunks[slot][1])
+        return results
 
     async def _size(self, key: str) -> int | None:
         where = await self._router.route(key)
@@ -369,7 +402,7 @@ class ShardingStore(Store):
         if where == "absent":
             return None
         if self._writer.pending(where) is not None:  # in a batch: what the batch would leave
-            chunk = (await self._writer.read_through([(where, None)], self._reader.read_chunks))[0]
+            chunk = (await self._read_chunks([(where, None)]))[0]
             return None if chunk is None else len(chunk)
         entry = (await self._reader.index_entries([where]))[0]
         return None if entry is None else entry[1]

@@ -87,11 +87,10 @@ class _ShiftedTime(types.SimpleNamespace):
 def later_clock(monkeypatch: pytest.MonkeyPatch) -> _ShiftedTime:
     """shardstore's cache clocks, made to move on at will (``clock.shift += seconds``):
     a cache entry ages past ``cache_max_age`` without the test waiting for it."""
-    from shardstore.formats.precomputed import store as precomputed_store
-    from shardstore.reading import reader
+    from shardstore.reading import indices, reader
 
     clock = _ShiftedTime(**{name: getattr(time, name) for name in ("time", "perf_counter", "sleep")})
-    for module in (reader, precomputed_store):
+    for module in (reader, indices):
         monkeypatch.setattr(module, "time", clock)
     return clock
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardstore import PrecomputedShardedStore, ShardFormatError, ShardingConfigError
-from shardstore.formats.precomputed.volume import PrecomputedScale, PrecomputedVolume
+from shardstore.neuroglancer.volume import PrecomputedScale, PrecomputedVolume
 
 from .helpers import sharding as sharding_json
 

@@ -247,7 +247,7 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     info = await store.internals.array_of_key("a/c/1/1")
     assert info is not None
     where = locate(info, "a/c/1/1", (1, 1))
-    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw)
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw.capabilities)
     reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
     counted.counts.reset()
     held.hold()

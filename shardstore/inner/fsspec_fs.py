@@ -18,7 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore import sync_bridge
+import shardstore.sync_bridge as sync_bridge
 from shardstore.errors import ConcurrentWriterWarning
 from shardstore.inner import sessions
 from shardstore.inner.base import ANY_VERSION, Capabilities, InnerStore, failure, slice_range

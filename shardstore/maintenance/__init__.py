@@ -13,11 +13,11 @@ only from indices that are consistent (with themselves and with the object's
 size), so none is ever garbage. :func:`verify` states every problem of every
 shard, where reads stop at the first. The tools use only the store's internal
 API (``store.internals``); the neuroglancer format's own tools are in its wing
-(:mod:`shardstore.formats.precomputed.tools`).
+(:mod:`shardstore.neuroglancer.tools`).
 
-May import: ``errors``, ``formats``, ``addressing``, ``metadata``, ``keys``,
-``inner``, ``sync_bridge``, ``tasks``, and the store only for its type and its
-``internals``.
+May import: ``errors``, ``choices``, ``formats`` (the interface), ``addressing``,
+``metadata``, ``keys``, ``inner``, ``sync_bridge``, ``tasks``, and the store only for
+its type and its ``internals``.
 """
 
 from shardstore.maintenance.common import Progress

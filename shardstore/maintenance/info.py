@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardstore.choices import Layout, WriteStrategy
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.indexed import IndexedFormat
 from shardstore.maintenance.survey import Surveyed, survey
-from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo, Layout
+from shardstore.metadata import ARRAY_DOC_NAMES, ArrayInfo
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
-from shardstore.writing.writer import WriteStrategy
 
 __all__ = ["ArrayReport", "info", "info_async"]
 
@@ -94,7 +93,7 @@ async def _array_report(
     return ArrayReport(
         path=info.path,
         sharded=fmt is not None,
-        chunks_per_shard=list(fmt.chunks_per_shard) if isinstance(fmt, IndexedFormat) else None,
+        chunks_per_shard=None if fmt is None or fmt.grid_block is None else list(fmt.grid_block),
         grid_chunks=int(np.prod(info.grid_shape)),
         chunks=len(chunk_keys)
         + sum(len(s.shard.present_keys(s.index)) for s in shards if s.index is not None),

@@ -1,7 +1,7 @@
 """What the command line's ``ls``, ``info`` and ``verify`` ask of the data at a URL,
 whatever its format: :class:`Inspection`. A zarr hierarchy answers through
 :class:`ZarrInspection`; each format wing with tools of its own (the neuroglancer
-format: ``formats/precomputed/tools.py``) answers with its own implementation, so
+format: ``neuroglancer/tools.py``) answers with its own implementation, so
 the command line holds no format's knowledge."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from shardstore.maintenance.survey import list_keys
 from shardstore.maintenance.verify import verify
 
 if TYPE_CHECKING:
+    from shardstore.choices import WriteStrategy
     from shardstore.store import ShardingStore
-    from shardstore.writing.writer import WriteStrategy
 
 __all__ = ["Findings", "Inspection", "ZarrInspection"]
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable
-from shardstore.formats.indexed import MISSING, live_bytes
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
 
@@ -99,23 +98,15 @@ def _surveyed(shard: ShardAddress, index: ChunkTable | ShardFormatError, nbytes:
     problem = _inconsistency(shard, index, nbytes)
     if problem is not None or isinstance(index, ShardFormatError):
         return Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, 0, 0, 0, problem), None)
-    if isinstance(index, dict):  # a format rebuilt whole on every write: nothing dead
-        live, chunks, dead = sum(n for _, n in index.values()), len(index), 0
-    else:
-        assert shard.indexed is not None
-        live = live_bytes(index)
-        chunks = int((index[:, 0] != MISSING).sum())
-        dead = nbytes - shard.indexed.index_nbytes - live
+    chunks, live, dead = shard.shard_format.table_figures(index, nbytes)
     return Surveyed(shard, ShardReport(shard.key, shard.info.path, nbytes, chunks, live, dead), index)
 
 
 def _inconsistency(shard: ShardAddress, index: ChunkTable | ShardFormatError, nbytes: int) -> str | None:
     if isinstance(index, ShardFormatError):
         return str(index)
-    if shard.indexed is None or isinstance(index, dict):
-        return None  # checked whole when its table was parsed
     try:
-        shard.indexed.check_ranges(index, nbytes, shard.key)
+        shard.shard_format.check_table(index, nbytes, shard.key)
     except ShardFormatError as exc:
         return str(exc)
     return None

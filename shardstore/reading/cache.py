@@ -1,10 +1,12 @@
-"""The read caches: shard indices and whole shards, by shard key, least recently
-used first out, each bounded by bytes.
+"""The read caches: parts of shard indices, by shard and part, and whole shards, by
+shard key; least recently used first out, each bounded by bytes.
 
-Index entries carry the object version they were read at, where the inner store
-can tell one, so that a read can check them for free. Whole shards are
-self-consistent snapshots (bytes and their own index), so a cached one can be
-old but never garbage; the reader decides how long one may be served.
+An index part (a whole index, or a neuroglancer minishard index: whatever part of
+a shard's index a format locates chunks by) carries the object version it was
+read at, where the inner store can tell one, so that a read can check it for
+free. Whole shards are self-consistent snapshots (bytes and their own table), so
+a cached one can be old but never garbage; the reader decides how long one may be
+served.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from dataclasses import dataclass
 from typing import Generic, NamedTuple, TypeVar
 
 from shardstore.formats.base import ChunkTable, table_entry
-from shardstore.formats.indexed import ShardIndex
 
-__all__ = ["IndexCache", "IndexEntry", "LruCache", "ShardCache", "ShardSnapshot"]
+__all__ = ["IndexCache", "IndexEntry", "LruCache", "ShardCache", "ShardSnapshot", "table_nbytes"]
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class LruCache(Generic[V]):
+class LruCache(Generic[K, V]):
     """A thread-safe LRU mapping whose values' total size stays within ``max_bytes``."""
 
     def __init__(self, max_bytes: int, size: Callable[[V], int]) -> None:
@@ -31,16 +33,16 @@ class LruCache(Generic[V]):
         self.nbytes = 0
         self._size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, V] = OrderedDict()
+        self._entries: OrderedDict[K, V] = OrderedDict()
 
-    def get(self, key: str) -> V | None:
+    def get(self, key: K) -> V | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
             return entry
 
-    def put(self, key: str, value: V) -> None:
+    def put(self, key: K, value: V) -> None:
         nbytes = self._size(value)
         if nbytes > self.max_bytes:
             self.drop(key)
@@ -52,34 +54,64 @@ class LruCache(Generic[V]):
             self._entries[key] = value
             self.nbytes += nbytes
             while self.nbytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                gone, evicted = self._entries.popitem(last=False)
                 self.nbytes -= self._size(evicted)
+                self._evicted(gone)
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: K) -> None:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self.nbytes -= self._size(old)
+                self._evicted(key)
+
+    def _evicted(self, key: K) -> None:
+        """(Called with the lock held when ``key`` leaves the cache.)"""
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
 class IndexEntry(NamedTuple):
-    """A shard's index, the version it was read at (where the store tells) and when
-    the request that read it was sent (``time.monotonic()``)."""
+    """A part of a shard's index as a table, the version it was read at (where the
+    store tells) and when the request that read it was sent (``time.monotonic()``)."""
 
-    table: ShardIndex
+    table: ChunkTable
     version: Hashable
     fetched_at: float
 
 
-class IndexCache(LruCache[IndexEntry]):
-    """Shard indices (with the version read with them), least recently used out
-    past ``max_bytes``."""
+def table_nbytes(table: ChunkTable) -> int:
+    return 24 * len(table) if isinstance(table, dict) else table.nbytes
+
+
+class IndexCache(LruCache[tuple[str, int], IndexEntry]):
+    """Parts of shard indices by ``(shard key, part)`` (with the version read with them),
+    least recently used out past ``max_bytes``; a shard's parts go together."""
 
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(max_bytes, lambda entry: entry.table.nbytes)
+        super().__init__(max_bytes, lambda entry: table_nbytes(entry.table))
+        self._parts: dict[str, set[int]] = {}
+
+    def put(self, key: tuple[str, int], value: IndexEntry) -> None:
+        super().put(key, value)
+        with self._lock:
+            if key in self._entries:
+                self._parts.setdefault(key[0], set()).add(key[1])
+
+    def _evicted(self, key: tuple[str, int]) -> None:
+        parts = self._parts.get(key[0])
+        if parts is not None:
+            parts.discard(key[1])
+            if not parts:
+                del self._parts[key[0]]
+
+    def drop_shard(self, shard_key: str) -> None:
+        """Every part of a shard's index goes (the shard changed)."""
+        with self._lock:
+            parts = list(self._parts.get(shard_key, ()))
+        for part in parts:
+            self.drop((shard_key, part))
 
 
 @dataclass(frozen=True)
@@ -96,7 +128,7 @@ class ShardSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + (24 * len(self.index) if isinstance(self.index, dict) else self.index.nbytes)
+        return len(self.data) + table_nbytes(self.index)
 
     def chunk(self, position: int) -> tuple[int, int] | None:
         """(offset, nbytes) of the chunk at ``position`` (its id), None where absent."""
@@ -107,7 +139,7 @@ class ShardSnapshot:
         return memoryview(self.data)[start:stop]
 
 
-class ShardCache(LruCache[ShardSnapshot]):
+class ShardCache(LruCache[str, ShardSnapshot]):
     """Whole shards (with their parsed index), least recently used out past
     ``max_bytes``."""
 

@@ -3,12 +3,15 @@ ranges located by shard indices.
 
 A batch of chunk reads is served per shard in one of three ways, all shards in
 one inner round: from a cached whole shard; by fetching the whole shard in one
-request (its index parsed from the bytes) when the strategy says so or the
+request (its table parsed from the bytes) when the strategy says so or the
 batch wants at least half of the shard's chunks; or by range reads located
-through the shard's index, which comes from the index cache or one more round.
-Where the inner store can check an object's version in the same read (local
-files), a cached index is checked for free and a stale one re-read: never
-garbage. Concurrent fetches of one shard share one request.
+through the parts of the shards' indices that hold them
+(:class:`~shardstore.reading.indices.IndexReader`: cached, or one more round a
+level). Where the inner store can check an object's version in the same read
+(local files, object stores), a range is read at the version its index part was
+read at, and a stale one read again: never garbage. Concurrent fetches of one
+shard share one request. Every format is read the same way: what differs is
+asked of the shard's :class:`~shardstore.formats.base.ShardFormat`.
 """
 
 from __future__ import annotations
@@ -18,35 +21,25 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
-from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.errors import ShardFormatError
-from shardstore.formats.base import ChunkTable, table_entry
-from shardstore.formats.indexed import (
-    IndexedFormat,
-)
-from shardstore.formats.precomputed import PrecomputedSharding
-from shardstore.formats.precomputed.store import PrecomputedShardedStore
-from shardstore.inner import STALE, ChunkBytes, InnerStore, slice_range
+from shardstore.formats.base import ChunkTable
+from shardstore.inner import STALE, ChunkBytes, InnerStore
 from shardstore.inner.base import NOT_MODIFIED
-from shardstore.inner.subdirectory import SubdirectoryInner
 from shardstore.options import ReadPolicy
-from shardstore.reading.cache import IndexCache, IndexEntry, ShardCache, ShardSnapshot
-from shardstore.reading.ranges import MERGE_GAP, merge_ranges, sub_range
+from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
+from shardstore.reading.indices import IndexReader, Location, PartTables, read_merged
+from shardstore.reading.ranges import sub_range
+from shardstore.reading.refs import ChunkRef, ShardRef
 from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
 
 __all__ = ["ShardReader"]
 
 log = logging.getLogger(__name__)
-
-
-async def _nothing() -> list[Any]:
-    return []
 
 
 _Fetched = tuple[ShardSnapshot | None, Exception | None]
@@ -59,8 +52,9 @@ seconds of the last, fetches it whole (a slab reads a shard once or twice; a
 whole-array or random read pass comes back to it again and again)."""
 _TOUCHES = 4096
 """Shards whose recent reads are remembered for "repeat"."""
-_CHANGES = 65536
-"""Shards whose last change through this store is remembered (see ``forget``)."""
+
+ChunkRead = tuple[ChunkRef, ByteRequest | None]
+"""A chunk, and the range of its stored bytes wanted (None: all)."""
 
 
 class ShardReader:
@@ -72,9 +66,12 @@ class ShardReader:
     ) -> None:
         """Reads through ``indices`` and ``shards`` as ``policy`` says (see ReadPolicy)."""
         self._inner = inner
-        self._indices = indices
+        self._index_cache = indices
         self._shards = shards
         self._check_versions = policy.validate and inner.capabilities.versions
+        self._indices = IndexReader(
+            inner, indices, check_versions=self._check_versions, max_age=policy.max_age
+        )
         self._whole = policy.whole
         self._whole_limit = policy.whole_limit
         self._max_age = policy.max_age
@@ -82,37 +79,19 @@ class ShardReader:
         self._lock = threading.Lock()
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._changed: OrderedDict[str, float] = OrderedDict()
-        self._id_stores: dict[str, PrecomputedShardedStore] = {}  # by an array's chunk prefix
 
     def cache_usage(self) -> dict[str, tuple[int, int]]:
         """Entries and bytes held by the index cache ("indices") and the shard cache ("shards")."""
-        indices, shards = self._indices, self._shards
+        indices, shards = self._index_cache, self._shards
         return {"indices": (len(indices), indices.nbytes), "shards": (len(shards), shards.nbytes)}
 
     def forget(self, shard_key: str) -> None:
         """The shard changed (a write through this store): what is cached of it goes,
         and what a read sent before now brings back is not cached."""
-        with self._lock:
-            self._changed.pop(shard_key, None)
-            self._changed[shard_key] = time.monotonic()
-            if len(self._changed) > _CHANGES:
-                self._changed.popitem(last=False)
-        self._indices.drop(shard_key)
+        self._indices.forget(shard_key)
         self._shards.drop(shard_key)
-        for prefix, store in list(self._id_stores.items()):
-            if shard_key.startswith(prefix):
-                store.forget(shard_key[len(prefix) :])
 
-    def _cacheable(self, shard_key: str, sent: float) -> bool:
-        """Whether a read sent at ``sent`` saw the shard as it is now, as far as this
-        store's own writes go (a write may have landed while it was under way)."""
-        changed = self._changed.get(shard_key)
-        return changed is None or changed < sent
-
-    async def read_chunks(
-        self, chunks: list[tuple[ChunkAddress, ByteRequest | None]]
-    ) -> list[ChunkBytes | None]:
+    async def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkBytes | None]:
         """Chunk bytes (ranges of them), each shard served from the shard cache, by
         one whole-shard fetch, or by range reads; the fetches and range reads of
         all shards in one inner round (after one more for uncached indices)."""
@@ -120,10 +99,9 @@ class ShardReader:
         by_shard: dict[str, list[int]] = {}
         for i, (chunk, _) in enumerate(chunks):
             by_shard.setdefault(chunk.shard.key, []).append(i)
-        whole: list[tuple[ShardAddress, list[int]]] = []
-        recheck: list[tuple[ShardAddress, list[int], ShardSnapshot]] = []
+        whole: list[tuple[ShardRef, list[int]]] = []
+        recheck: list[tuple[ShardRef, list[int], ShardSnapshot]] = []
         ranged: list[int] = []
-        by_id: list[int] = []
         for key, members in by_shard.items():
             shard = chunks[members[0]][0].shard
             snapshot = self._cached(key)
@@ -135,8 +113,6 @@ class ShardReader:
                 recheck.append((shard, members, kept))
             elif self._wants_whole(shard, {chunks[i][0].position for i in members}):
                 whole.append((shard, members))
-            elif shard.indexed is None:
-                by_id.extend(members)
             else:
                 ranged.extend(members)
         if log.isEnabledFor(logging.DEBUG):
@@ -154,47 +130,9 @@ class ShardReader:
             self._read_whole(whole, chunks, results) if whole else None,
             self._revalidated(recheck, chunks, results) if recheck else None,
             self._read_ranges(ranged, chunks, results) if ranged else None,
-            self._read_chunk_ids(by_id, chunks, results) if by_id else None,
         ]
         await gather(*(r for r in rounds if r is not None))
         return results
-
-    async def _read_chunk_ids(
-        self,
-        todo: list[int],
-        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
-        results: list[ChunkBytes | None],
-    ) -> None:
-        """Chunks of shards keyed by chunk id (the neuroglancer format), read as its
-        key-value store reads them: shard index entry, minishard index (cached), data
-        ranges, every shard of an array in the same rounds."""
-        arrays: dict[str, list[int]] = {}
-        for i in todo:
-            arrays.setdefault(chunks[i][0].shard.info.shard_prefix, []).append(i)
-
-        async def read(members: list[int]) -> None:
-            values = await self._id_store(chunks[members[0]][0].shard).get_many(
-                [chunks[i][0].position for i in members]
-            )
-            for i, value in zip(members, values, strict=True):
-                results[i] = None if value is None else slice_range(value, chunks[i][1])
-
-        await gather(*(read(members) for members in arrays.values()))
-
-    def _id_store(self, shard: ShardAddress) -> PrecomputedShardedStore:
-        """The key-value store over the directory of an array's chunk-id shards."""
-        prefix, fmt = shard.info.shard_prefix, shard.shard_format
-        with self._lock:
-            store = self._id_stores.get(prefix)
-            if store is None or store.sharding != fmt:
-                assert isinstance(fmt, PrecomputedSharding)
-                store = PrecomputedShardedStore(
-                    SubdirectoryInner(self._inner, prefix),
-                    fmt,
-                    cache_max_age=float("inf") if self._max_age is None else self._max_age,
-                )
-                self._id_stores[prefix] = store
-            return store
 
     def _cached(self, key: str) -> ShardSnapshot | None:
         snapshot = self._shards.get(key)
@@ -210,18 +148,21 @@ class ShardReader:
             return None
         return snapshot
 
-    def _wants_whole(self, shard: ShardAddress, positions: set[int]) -> bool:
-        nominal = shard.info.nominal_shard_nbytes
+    def _wants_whole(self, shard: ShardRef, positions: set[int]) -> bool:
+        nominal = shard.nominal_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
         again = self._whole in ("repeat", "first") and self._repeated(shard.key)
         if small and (self._whole == "always" or again):
             return True
-        if shard.indexed is None:
-            return False  # chunk ids: read by minishard indices, see _read_chunk_ids
-        if self._indices.get(shard.key) is not None:
+        if not shard.shard_format.one_index:
+            return False  # chunks located by parts of the index: read by those
+        if self._index_cache.get((shard.key, 0)) is not None:
             return False  # the index is known: merged ranges read no more than needed
         # one round trip instead of two, for a small shard or most of a big one
-        return (small and self._whole == "first") or 2 * len(positions) >= len(shard.in_grid_positions())
+        if small and self._whole == "first":
+            return True
+        places = shard.places_in_grid()
+        return places is not None and 2 * len(positions) >= len(places)
 
     def _repeated(self, key: str) -> bool:
         """Notes a read of the shard; whether it is the REPEAT_READS-th in a row."""
@@ -238,7 +179,7 @@ class ShardReader:
     def _serve(
         snapshot: ShardSnapshot,
         members: list[int],
-        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        chunks: Sequence[ChunkRead],
         results: list[ChunkBytes | None],
     ) -> None:
         for i in members:
@@ -249,8 +190,8 @@ class ShardReader:
 
     async def _read_whole(
         self,
-        shards: list[tuple[ShardAddress, list[int]]],
-        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        shards: list[tuple[ShardRef, list[int]]],
+        chunks: Sequence[ChunkRead],
         results: list[ChunkBytes | None],
     ) -> None:
         fetched = await self.fetch_shards([shard for shard, _ in shards])
@@ -262,8 +203,8 @@ class ShardReader:
 
     async def _revalidated(
         self,
-        shards: list[tuple[ShardAddress, list[int], ShardSnapshot]],
-        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        shards: list[tuple[ShardRef, list[int], ShardSnapshot]],
+        chunks: Sequence[ChunkRead],
         results: list[ChunkBytes | None],
     ) -> None:
         """Cached shards asked for again in one batch, each only if it changed."""
@@ -282,12 +223,12 @@ class ShardReader:
                 snapshot = fresh
             self._serve(snapshot, members, chunks, results)
 
-    async def fetch_shards(self, shards: list[ShardAddress]) -> list[_Fetched]:
+    async def fetch_shards(self, shards: Sequence[ShardRef]) -> list[_Fetched]:
         """Whole shards in one inner batch, each as a snapshot (an absent shard as
         an empty one); a fetch of the same shard already under way is joined."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
-        mine: list[tuple[ShardAddress, asyncio.Future[_Fetched]]] = []
+        mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]] = []
         with self._lock:
             for shard in shards:
                 future = self._inflight.get((loop, shard.key))
@@ -306,7 +247,7 @@ class ShardReader:
         return outcomes
 
     async def _fetch(
-        self, loop: asyncio.AbstractEventLoop, mine: list[tuple[ShardAddress, asyncio.Future[_Fetched]]]
+        self, loop: asyncio.AbstractEventLoop, mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]]
     ) -> None:
         sent = time.monotonic()
         outcomes: list[_Fetched] = [(None, None)] * len(mine)
@@ -325,26 +266,24 @@ class ShardReader:
                     future.set_result(outcome)
 
     def _snapshot(
-        self, shard: ShardAddress, raw: bytes | None, version: Hashable | None, sent: float
+        self, shard: ShardRef, raw: bytes | None, version: Hashable | None, sent: float
     ) -> _Fetched:
+        fmt = shard.shard_format
         try:
-            if raw is None:
-                empty: ChunkTable = shard.indexed.empty_index() if shard.indexed else {}
-                snapshot = ShardSnapshot(b"", empty, sent, version)
-            else:
-                snapshot = ShardSnapshot(raw, shard.shard_format.parse(raw, shard.key), sent, version)
+            table = fmt.empty_table() if raw is None else fmt.parse(raw, shard.key)
         except ShardFormatError as exc:
             return None, exc
-        if self._cacheable(shard.key, sent):
+        snapshot = ShardSnapshot(b"" if raw is None else raw, table, sent, version)
+        if self._indices.cacheable(shard.key, sent):
             self._shards.put(shard.key, snapshot)
-            if raw is not None and not isinstance(snapshot.index, dict):
-                self._indices.put(shard.key, IndexEntry(snapshot.index, version, sent))
+            if raw is not None and fmt.one_index:  # its table is its one index
+                self._indices.keep(shard, 0, table, version, sent)
         return snapshot, None
 
     async def _read_ranges(
         self,
         todo: list[int],
-        chunks: list[tuple[ChunkAddress, ByteRequest | None]],
+        chunks: Sequence[ChunkRead],
         results: list[ChunkBytes | None],
     ) -> None:
         """Range reads located by indices (cached or read in one batch), nearby ranges
@@ -353,8 +292,7 @@ class ShardReader:
 
         async def attempt(todo: list[int], now: Attempt) -> list[int]:
             entries = await self.index_entries([chunks[i][0] for i in todo], fresh=not now.first)
-            wanted: dict[str, list[tuple[int, int, int]]] = {}  # shard key -> (slot, start, stop)
-            versions: dict[str, Hashable | None] = {}
+            wanted: list[tuple[int, RangeByteRequest, Hashable | None]] = []
             for i, entry in zip(todo, entries, strict=True):
                 if entry is None:
                     continue
@@ -362,116 +300,62 @@ class ShardReader:
                 start, stop = sub_range(offset, nbytes, chunks[i][1])
                 if start == stop:
                     results[i] = b""
-                    continue
-                wanted.setdefault(chunks[i][0].shard.key, []).append((i, start, stop))
-                versions[chunks[i][0].shard.key] = version  # checked for free where the store can
-            spans = [
-                (key, span) for key, ranges in wanted.items() for span in merge_ranges(ranges, MERGE_GAP)
-            ]
-            values = (
-                await self._inner.get_many_versioned(
-                    [(key, RangeByteRequest(span[0], span[1])) for key, span in spans],
-                    [versions[k] for k, _ in spans],
-                )
-                if spans
-                else []
+                else:  # read at the version its index was read at (checked where the store can)
+                    wanted.append((i, RangeByteRequest(start, stop), version))
+            values = await read_merged(
+                self._inner, [(chunks[i][0].shard.key, r) for i, r, _ in wanted], [v for *_, v in wanted]
             )
             stale: list[int] = []
-            for (key, (span_start, _, members)), (value, _) in zip(spans, values, strict=True):
-                if value is STALE or (value is None and versions[key] is not None):  # replaced or gone
-                    self._indices.drop(key)
-                    stale.extend(i for i, _, _ in members)
-                    continue
-                for i, start, stop in members:
-                    part = None if value is None else value[start - span_start : stop - span_start]
-                    if part is None or len(part) != stop - start:
-                        raise ShardFormatError(
-                            f"shard {key!r}: chunk {chunks[i][0].key!r} runs past the end of the shard "
-                            f"object (wanted {stop - start} bytes, got {0 if part is None else len(part)})"
-                        )
-                    results[i] = part
+            for (i, where, version), (value, _) in zip(wanted, values, strict=True):
+                key = chunks[i][0].shard.key
+                if value is STALE or (value is None and version is not None):  # replaced or gone
+                    self._index_cache.drop_shard(key)
+                    stale.append(i)
+                elif value is None or len(value) != where.end - where.start:
+                    raise ShardFormatError(
+                        f"shard {key!r}: chunk {chunks[i][0].key!r} runs past the end of the shard object "
+                        f"(wanted {where.end - where.start} bytes, got {0 if value is None else len(value)})"
+                    )
+                else:
+                    results[i] = value
             return stale
 
         await until_fresh(attempt, todo, shard_of=lambda i: chunks[i][0].shard.key, what="chunks of them")
 
     async def index_entries(
-        self, chunks: list[ChunkAddress], *, fresh: bool = False
-    ) -> list[tuple[int, int, Hashable | None] | None]:
-        """``(offset, nbytes, shard version)`` of each chunk, None where absent.
+        self, chunks: Sequence[ChunkRef], *, fresh: bool = False
+    ) -> list[Location | None]:
+        """``(offset, nbytes, shard version)`` of each chunk, None where absent (see
+        :meth:`IndexReader.locate`)."""
+        return await self._indices.locate(chunks, fresh=fresh)
 
-        A present chunk's range read checks the version for itself; "absent" from a
-        cached index is checked here (local files: by a ``stat``; elsewhere: the
-        index is read again once older than ``max_age``), so that a chunk another
-        writer added is not reported missing for longer than that."""
-        shards = {c.shard.key: c.shard for c in chunks}
-        since = time.monotonic()
-        found = await self.shard_indices(list(shards.values()), fresh=fresh)
-
-        def entry(chunk: ChunkAddress) -> tuple[int, int, Hashable | None] | None:
-            table, version = found[chunk.shard.key]
-            where = None if table is None else table_entry(table, chunk.position)
-            return None if where is None else (*where, version)
-
-        absent_from = {c.shard.key for c in chunks if found[c.shard.key][0] is not None and entry(c) is None}
-        doubtful = [shards[key] for key in absent_from if self._absence_unchecked(key, since)]
-        if doubtful:
-            found.update(await self.shard_indices(doubtful, fresh=True))
-        return [entry(chunk) for chunk in chunks]
-
-    def _absence_unchecked(self, key: str, since: float) -> bool:
-        """Whether the shard's index came from the cache (read before ``since``) and may
-        no longer be current: its version changed (where a ``stat`` tells) or it is
-        older than ``max_age``."""
-        cached = self._indices.get(key)
-        if cached is None or cached.fetched_at >= since:
-            return False
-        if self._check_versions:
-            return self._inner.version(key) != cached.version
-        return self._max_age is not None and time.monotonic() - cached.fetched_at > self._max_age
+    async def part_tables(
+        self, wanted: Sequence[tuple[tuple[str, int], ShardRef]], *, fresh: bool = False
+    ) -> PartTables:
+        """Tables of index parts ``((shard key, part), shard)``, cached or read (see
+        :meth:`IndexReader.part_tables`)."""
+        return await self._indices.part_tables(wanted, fresh=fresh)
 
     async def shard_indices(
-        self, shards: list[ShardAddress], *, fresh: bool = False
+        self, shards: Sequence[ShardRef], *, fresh: bool = False
     ) -> dict[str, tuple[ChunkTable | None, Hashable | None]]:
-        """Indices (and versions) of shards: cached ones, the rest in one inner batch
-        (shards of formats without one fixed index: their tables, from whole shards)."""
+        """Whole tables (and versions) of shards: a format's one index (cached, or read
+        for all shards in one round), else the table of the whole shard, fetched."""
+        one = [s for s in shards if s.shard_format.one_index]
+        whole = [s for s in shards if not s.shard_format.one_index]
         found: dict[str, tuple[ChunkTable | None, Hashable | None]] = {}
-        indexed: list[tuple[ShardAddress, IndexedFormat]] = []
-        whole: list[ShardAddress] = []
-        for shard in shards:
-            cached = None if fresh else self._indices.get(shard.key)
-            if cached is not None:
-                found[shard.key] = (cached.table, cached.version)
-            elif shard.indexed is None:
-                whole.append(shard)
-            else:
-                indexed.append((shard, shard.indexed))
-        if not indexed and not whole:  # all cached: the common warm read, no task, no thread hop
-            return found
-        sent = time.monotonic()
-        raws, fetched = await gather(
-            self._inner.get_many_versioned(
-                [(s.key, fmt.index_request()) for s, fmt in indexed], [None] * len(indexed)
-            )
-            if indexed
-            else _nothing(),
-            self.fetch_shards(whole) if whole else _nothing(),
-        )
-        for (shard, fmt), (raw, version) in zip(indexed, raws, strict=True):
-            index = None if raw is None else fmt.decode_index(raw, shard.key)
-            size = self._inner.object_size(version)
-            if index is not None and size is not None:  # before any range is requested
-                fmt.check_ranges(index, size, shard.key)
-            if index is not None and self._cacheable(shard.key, sent):
-                self._indices.put(shard.key, IndexEntry(index, version, sent))
-            found[shard.key] = (index, version)
-        for shard, (snapshot, error) in zip(whole, fetched, strict=True):
-            if error is not None:
-                raise error
-            assert snapshot is not None
-            found[shard.key] = (snapshot.index if snapshot.data else None, snapshot.version)
+        if one:
+            parts = await self._indices.part_tables([((s.key, 0), s) for s in one], fresh=fresh)
+            found.update({key: got for (key, _), got in parts.items()})
+        if whole:
+            for shard, (snapshot, error) in zip(whole, await self.fetch_shards(whole), strict=True):
+                if error is not None:
+                    raise error
+                assert snapshot is not None
+                found[shard.key] = (snapshot.index if snapshot.data else None, snapshot.version)
         return found
 
-    async def read_indices(self, shards: list[ShardAddress]) -> list[ChunkTable | None]:
+    async def read_indices(self, shards: Sequence[ShardRef]) -> list[ChunkTable | None]:
         """Fresh indices for listings and maintenance (never from the cache)."""
         found = await self.shard_indices(shards, fresh=True)
         return [found[s.key][0] for s in shards]

@@ -83,9 +83,9 @@ def add_update(by_shard: UpdatesByShard, chunk: ChunkAddress, update: Update) ->
 def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
     """Whether updates give every in-array chunk of the shard a value without reading it
     (never for shards of chunk ids, whose members are spread over the grid)."""
-    if shard.indexed is None:
+    needed = shard.places_in_grid()
+    if needed is None:
         return False
-    needed = shard.in_grid_positions()
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False
     return all(_gives_value(updates.get(pos)) for pos in needed)

@@ -17,24 +17,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, TypeVar
 
-import numpy as np
 import zarr
-from zarr.abc.store import ByteRequest
 from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress
+from shardstore.choices import WriteStrategy
 from shardstore.errors import BatchCommitError
-from shardstore.formats.indexed import (
-    MISSING,
-)
-from shardstore.inner import ChunkBytes, InnerStore, slice_range
+from shardstore.formats.base import EMPTIED, Change
+from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
 from shardstore.tasks import gather, spawn
 from shardstore.writing.batch_buffer import Held, WriteBuffer
@@ -49,11 +47,10 @@ from shardstore.writing.updates import (
     rebuilt_shard,
 )
 
-__all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter", "WriteStrategy"]
+__all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter"]
 
 log = logging.getLogger(__name__)
 
-WriteStrategy = Literal["rewrite", "append"]
 DEFAULT_BATCH_BYTES = 512 * 2**20
 
 
@@ -77,8 +74,6 @@ def _describe(keys: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-ChunkRead: TypeAlias = tuple[ChunkAddress, ByteRequest | None]
-ChunkReader: TypeAlias = Callable[[list[ChunkRead]], Awaitable[list[ChunkBytes | None]]]
 R = TypeVar("R")
 
 
@@ -172,32 +167,10 @@ class ShardWriter:
         buffer = self._buffer
         return None if buffer is None else buffer.updates_for(chunk.shard.key, chunk.position)
 
-    async def read_through(self, chunks: list[ChunkRead], read: ChunkReader) -> list[ChunkBytes | None]:
-        """Chunk reads by ``read`` that see this writer's buffered (``batch()``) updates:
-        a chunk given a whole new value is served from the buffer, one with a splice
-        still buffered is read whole and the splice applied."""
-        if self._buffer is None:
-            return await read(chunks)
-        results: list[ChunkBytes | None] = [None] * len(chunks)
-        stored: list[int] = []
-        spliced: list[tuple[int, list[Update]]] = []
-        for slot, (chunk, byte_range) in enumerate(chunks):
-            pending = self.pending(chunk)
-            if pending is None:
-                stored.append(slot)
-            elif independent_of_old(pending):
-                value = apply_updates(None, pending)
-                results[slot] = None if value is None else slice_range(value, byte_range)
-            else:
-                spliced.append((slot, pending))
-        wanted = [chunks[i] for i in stored] + [(chunks[i][0], None) for i, _ in spliced]
-        values = await read(wanted) if wanted else []
-        for slot, read_value in zip([*stored, *(i for i, _ in spliced)], values, strict=True):
-            results[slot] = read_value
-        for slot, pending in spliced:
-            spliced_value = apply_updates(results[slot], pending)
-            results[slot] = None if spliced_value is None else slice_range(spliced_value, chunks[slot][1])
-        return results
+    @property
+    def buffering(self) -> bool:
+        """Whether a ``batch()`` is open: reads must then see what it holds (:meth:`pending`)."""
+        return self._buffer is not None
 
     def batch(self, max_bytes: int, result: R) -> BatchScope[R]:
         """A ``with`` / ``async with`` block whose writes are buffered (see
@@ -304,7 +277,7 @@ class ShardWriter:
     async def _rewrite(self, shard: ShardAddress, updates: ShardUpdates, *, read_old: bool) -> None:
         """One compact object for the whole shard, from the old one (``read_old``) or, where
         the updates cover the shard, from the updates alone."""
-        if shard.indexed is None and self._confirm_place is not None:
+        if shard.shard_format.places_follow_grid and self._confirm_place is not None:
             await self._confirm_place(shard)  # chunk ids: the array may have been renumbered elsewhere
 
         keep_empty = not self._inner.capabilities.ordered_deletes
@@ -318,34 +291,17 @@ class ShardWriter:
 
     async def _append(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """New chunk bytes and a new index after the old ones; False if there is no shard yet."""
-        fmt, emptied = shard.indexed, False
-        assert fmt is not None  # only the indexed format is appendable
+        changes: dict[int, Change] = {
+            pos: (not independent_of_old(ups), functools.partial(apply_updates, updates=ups))
+            for pos, ups in updates.items()
+        }
+        emptied = False
 
         def build(size: int, read: Any) -> bytes | None:
             nonlocal emptied
-            if size < fmt.index_nbytes:
-                fmt.split(read(0, size), shard.key)  # raises: too short for its index
-            index = fmt.decode_index(read(size - fmt.index_nbytes, size), shard.key)
-            fmt.check_ranges(index, size, shard.key)
-            new_index, parts, offset = index.copy(), [], size
-            for pos, ups in updates.items():
-                offset_old, nbytes_old = index[pos].tolist()
-                old = None
-                if offset_old != MISSING and not independent_of_old(ups):
-                    old = read(offset_old, offset_old + nbytes_old)
-                value = apply_updates(old, ups)
-                if value is None:
-                    new_index[pos] = (MISSING, MISSING)
-                else:
-                    new_index[pos] = (offset, len(value))
-                    parts.append(value)
-                    offset += len(value)
-            if np.array_equal(new_index, index):
-                return None
-            if (new_index[:, 0] == MISSING).all():
-                emptied = True
-                return None
-            return b"".join(parts) + fmt.encode_index(new_index)
+            added = shard.shard_format.append_after(size, read, changes, shard.key)
+            emptied = added is EMPTIED
+            return None if emptied else added
 
         if not await self._inner.append(shard.key, build):
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -23,8 +23,9 @@ import numpy.typing as npt
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
-from shardstore.formats.base import ChunkTable, ShardFormat
+from shardstore.formats.base import EMPTIED, Change, ChunkTable, ShardFormat, TableFigures
 from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
+from shardstore.formats.indexed.codec_form import codec_layout_problem, is_codec, to_codec_form
 
 __all__ = [
     "MAX_CHUNKS_PER_SHARD",
@@ -35,7 +36,6 @@ __all__ = [
     "block_coords",
     "in_grid_positions",
     "index_problem",
-    "is_codec",
     "live_bytes",
     "parse_index_codecs",
     "present_positions",
@@ -51,10 +51,6 @@ _U64 = np.dtype("<u8")
 IndexLocation = Literal["start", "end"]
 ShardIndex = npt.NDArray[np.uint64]
 """An ``(n, 2)`` array of ``(offset, nbytes)`` pairs, one row per chunk position."""
-
-
-def is_codec(entry: Any, name: str) -> bool:
-    return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
 
 
 def parse_index_codecs(codecs: Any) -> bool | None:
@@ -109,6 +105,29 @@ class IndexedFormat(ShardFormat):
     @property
     def appendable(self) -> bool:
         return self.index_location == "end"
+
+    @property
+    def grid_block(self) -> tuple[int, ...]:
+        return self.chunks_per_shard
+
+    has_codec_form: ClassVar[bool] = True
+
+    def codec_form_problem(self, doc: Mapping[str, Any]) -> str | None:
+        return codec_layout_problem(dict(doc))
+
+    def codec_document(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        index = {
+            "chunks_per_shard": list(self.chunks_per_shard),
+            "index_codecs": self.index_codecs(),
+            "index_location": self.index_location,
+        }
+        return to_codec_form(dict(doc), index)
+
+    def nominal_nbytes(self, chunk_nbytes: int) -> int:
+        return self.n_chunks * chunk_nbytes
+
+    def places_in(self, shard: tuple[int, ...], grid_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return in_grid_positions(grid_shape, self.chunks_per_shard, shard)
 
     # -- configuration -------------------------------------------------------------
 
@@ -222,6 +241,46 @@ class IndexedFormat(ShardFormat):
 
     def empty_index(self) -> ShardIndex:
         return np.full((self.n_chunks, 2), MISSING, dtype=np.uint64)
+
+    def empty_table(self) -> ShardIndex:
+        return self.empty_index()
+
+    def table_places(self, table: ChunkTable) -> npt.NDArray[np.uint64]:
+        assert not isinstance(table, dict)
+        return present_positions(table).astype(np.uint64)
+
+    def check_table(self, table: ChunkTable, nbytes: int, key: str) -> None:
+        assert not isinstance(table, dict)
+        self.check_ranges(table, nbytes, key)
+
+    def table_figures(self, table: ChunkTable, nbytes: int) -> TableFigures:
+        assert not isinstance(table, dict)
+        live = live_bytes(table)
+        return TableFigures(int((table[:, 0] != MISSING).sum()), live, nbytes - self.index_nbytes - live)
+
+    def append_after(
+        self, nbytes: int, read: Callable[[int, int], bytes], changes: Mapping[int, Change], key: str
+    ) -> bytes | None:
+        if nbytes < self.index_nbytes:
+            self.split(read(0, nbytes), key)  # raises: too short for its index
+        index = self.decode_index(read(nbytes - self.index_nbytes, nbytes), key)
+        self.check_ranges(index, nbytes, key)
+        new_index, parts, offset = index.copy(), [], nbytes
+        for pos, (needs_old, make) in changes.items():
+            offset_old, nbytes_old = index[pos].tolist()
+            old = read(offset_old, offset_old + nbytes_old) if offset_old != MISSING and needs_old else None
+            value = make(old)
+            if value is None:
+                new_index[pos] = (MISSING, MISSING)
+            else:
+                new_index[pos] = (offset, len(value))
+                parts.append(value)
+                offset += len(value)
+        if np.array_equal(new_index, index):
+            return None
+        if (new_index[:, 0] == MISSING).all():
+            return EMPTIED
+        return b"".join(parts) + self.encode_index(new_index)
 
     def encode_index(self, index: ShardIndex) -> bytes:
         raw = np.ascontiguousarray(index, dtype=_U64).tobytes()

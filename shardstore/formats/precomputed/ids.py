@@ -6,13 +6,12 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from shardstore.formats.precomputed.sharding import PrecomputedSharding
+from shardstore.formats.precomputed.params import ShardingParams
 
 __all__ = [
     "chunk_hash",
@@ -85,7 +84,7 @@ def _low_mask(bits: int) -> np.uint64:
     return np.uint64((1 << bits) - 1)
 
 
-def chunk_hash(sharding: PrecomputedSharding, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+def chunk_hash(sharding: ShardingParams, ids: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """Each id shifted right by ``preshift_bits`` and hashed: what minishard and shard
     numbers are cut from."""
     arr = _as_ids(ids)
@@ -97,7 +96,7 @@ def chunk_hash(sharding: PrecomputedSharding, ids: npt.NDArray[np.uint64]) -> np
 
 
 def locate_ids(
-    sharding: PrecomputedSharding, ids: npt.NDArray[np.uint64]
+    sharding: ShardingParams, ids: npt.NDArray[np.uint64]
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
     """``(shard numbers, minishard numbers)`` of each id, arrays shaped like ``ids``."""
     hashed = chunk_hash(sharding, ids)
@@ -106,11 +105,11 @@ def locate_ids(
     return shards, minishards
 
 
-def _name_width(sharding: PrecomputedSharding) -> int:
+def _name_width(sharding: ShardingParams) -> int:
     return -(-sharding.shard_bits // 4)
 
 
-def shard_file_name(sharding: PrecomputedSharding, shard: int) -> str:
+def shard_file_name(sharding: ShardingParams, shard: int) -> str:
     """Lowercase hex zero-padded to ``ceil(shard_bits / 4)`` digits, then ``.shard``
     (``0.shard`` when ``shard_bits`` is 0): the name tensorstore and neuroglancer use."""
     number = operator.index(shard)
@@ -122,7 +121,7 @@ def shard_file_name(sharding: PrecomputedSharding, shard: int) -> str:
 _NAME = re.compile(r"([0-9a-f]+)\.shard")
 
 
-def shard_number_of_name(sharding: PrecomputedSharding, name: str) -> int | None:
+def shard_number_of_name(sharding: ShardingParams, name: str) -> int | None:
     """The shard a file name holds; None for any name :func:`shard_file_name` does not
     produce for this sharding (other case, padding or range)."""
     match = _NAME.fullmatch(name)

@@ -24,7 +24,7 @@ import operator
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -32,9 +32,7 @@ import numpy.typing as npt
 from shardstore.errors import ShardFormatError
 from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
 from shardstore.formats.precomputed.ids import locate_ids, shard_number_of_name
-
-if TYPE_CHECKING:
-    from shardstore.formats.precomputed.sharding import Encoding, PrecomputedSharding
+from shardstore.formats.precomputed.params import Encoding, ShardingParams
 
 __all__ = [
     "MAX_DECODED_NBYTES",
@@ -98,7 +96,7 @@ def _encode_minishard_index(
     return table.astype(_U64).tobytes()
 
 
-def _decode_minishard_index(sharding: PrecomputedSharding, raw: bytes | memoryview) -> npt.NDArray[np.uint64]:
+def _decode_minishard_index(sharding: ShardingParams, raw: bytes | memoryview) -> npt.NDArray[np.uint64]:
     """``(n, 3)`` rows of ``(id, absolute offset, nbytes)``; _Problem for anything wrong.
 
     Offsets add up modulo 2**64, as tensorstore and neuroglancer add them, so a chunk
@@ -133,7 +131,7 @@ def _decode_minishard_index(sharding: PrecomputedSharding, raw: bytes | memoryvi
     return np.stack([ids, starts + np.uint64(sharding.shard_index_nbytes), sizes], axis=1)
 
 
-def _shard_index_table(sharding: PrecomputedSharding, raw: bytes | memoryview) -> npt.NDArray[np.uint64]:
+def _shard_index_table(sharding: ShardingParams, raw: bytes | memoryview) -> npt.NDArray[np.uint64]:
     return np.frombuffer(raw, dtype=_U64, count=2 * sharding.num_minishards).reshape(-1, 2).astype(np.uint64)
 
 
@@ -158,7 +156,7 @@ def _shard_index_problems(table: npt.NDArray[np.uint64]) -> list[str]:
 # -- building ------------------------------------------------------------------------
 
 
-def build_shard(sharding: PrecomputedSharding, chunks: Mapping[int, bytes]) -> bytes:
+def build_shard(sharding: ShardingParams, chunks: Mapping[int, bytes]) -> bytes:
     """One shard file holding ``chunks`` (id -> raw chunk bytes, all of one shard), laid
     out as tensorstore writes it: shard index, then per minishard (ascending) its chunks
     by ascending id, each encoded per ``data_encoding``, then its minishard index.
@@ -205,7 +203,7 @@ def build_shard(sharding: PrecomputedSharding, chunks: Mapping[int, bytes]) -> b
 # -- reading -------------------------------------------------------------------------
 
 
-def decode_shard_index(sharding: PrecomputedSharding, raw: bytes, key: str) -> npt.NDArray[np.uint64]:
+def decode_shard_index(sharding: ShardingParams, raw: bytes, key: str) -> npt.NDArray[np.uint64]:
     """The ``(2**minishard_bits, 2)`` ``(start, end)`` pairs of a shard index read from
     shard ``key``, relative to its end; checked in themselves (the shard's size is
     checked by :func:`parse_shard`)."""
@@ -220,7 +218,7 @@ def decode_shard_index(sharding: PrecomputedSharding, raw: bytes, key: str) -> n
     return table
 
 
-def minishard_index_range(sharding: PrecomputedSharding, entry: bytes, minishard: int, key: str) -> range:
+def minishard_index_range(sharding: ShardingParams, entry: bytes, minishard: int, key: str) -> range:
     """Where in the shard file the minishard index of ``minishard`` lies, from its
     16-byte shard index entry (an empty range: an empty minishard)."""
     if len(entry) != 16:
@@ -236,7 +234,7 @@ def minishard_index_range(sharding: PrecomputedSharding, entry: bytes, minishard
     return range(base + start, base + end)
 
 
-def decode_minishard_index(sharding: PrecomputedSharding, raw: bytes, key: str) -> npt.NDArray[np.uint64]:
+def decode_minishard_index(sharding: ShardingParams, raw: bytes, key: str) -> npt.NDArray[np.uint64]:
     """``(n, 3)`` rows of ``(id, absolute offset in the shard file, nbytes)`` of an
     encoded minishard index read from shard ``key``: ids un-delta-encoded and checked
     strictly increasing, offsets un-delta-encoded plus ``shard_index_nbytes``."""
@@ -256,7 +254,7 @@ class _Scan:
     problems: list[str]
 
 
-def _expected_shard(sharding: PrecomputedSharding, key: str, shard: int | None) -> int | None:
+def _expected_shard(sharding: ShardingParams, key: str, shard: int | None) -> int | None:
     """The shard ``key`` names, where its last path segment is a shard file name."""
     if shard is not None:
         number = operator.index(shard)
@@ -285,7 +283,7 @@ def _overlaps(
 
 
 def _scan(
-    sharding: PrecomputedSharding, blob: bytes | memoryview, key: str, shard: int | None, *, collect: bool
+    sharding: ShardingParams, blob: bytes | memoryview, key: str, shard: int | None, *, collect: bool
 ) -> _Scan:
     """Walk a whole shard file: raise _Problem at the first inconsistency, or with
     ``collect`` note every one found and go on with what can still be trusted."""
@@ -384,7 +382,7 @@ def _scan(
 
 
 def parse_shard(
-    sharding: PrecomputedSharding, blob: bytes, key: str, *, shard: int | None = None
+    sharding: ShardingParams, blob: bytes, key: str, *, shard: int | None = None
 ) -> dict[int, tuple[int, int]]:
     """id -> ``(offset, nbytes)`` of the stored (encoded) bytes of every chunk of a whole
     shard file, after checking it all: ShardFormatError naming ``key`` and the cause.
@@ -403,7 +401,7 @@ def parse_shard(
 
 
 def decode_chunk(
-    sharding: PrecomputedSharding, stored: bytes, key: str, *, max_nbytes: int = MAX_DECODED_NBYTES
+    sharding: ShardingParams, stored: bytes, key: str, *, max_nbytes: int = MAX_DECODED_NBYTES
 ) -> bytes:
     """A chunk's raw bytes from its stored bytes (``data_encoding`` undone, gzip inflating
     to at most ``max_nbytes``); ShardFormatError naming shard ``key`` for a bad stream."""
@@ -414,7 +412,7 @@ def decode_chunk(
 
 
 def split_shard(
-    sharding: PrecomputedSharding,
+    sharding: ShardingParams,
     blob: bytes,
     key: str,
     *,
@@ -436,7 +434,7 @@ def split_shard(
 
 
 def shard_problems(
-    sharding: PrecomputedSharding,
+    sharding: ShardingParams,
     blob: bytes,
     key: str,
     *,

@@ -5,29 +5,38 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Final, Literal, cast
+from typing import Any, ClassVar, Final, cast
 
 import numpy as np
+import numpy.typing as npt
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.base import ChunkTable, ShardFormat
+from shardstore.formats.base import ChunkTable, ShardFormat, TableFigures
 from shardstore.formats.precomputed.ids import (
     compressed_morton_code,
     locate_ids,
     morton_positions,
+    renumber,
+    renumbered,
     shard_file_name,
     shard_number_of_name,
 )
-from shardstore.formats.precomputed.shard_file import build_shard, parse_shard, shard_problems, split_shard
+from shardstore.formats.precomputed.params import Encoding, HashName, ShardingParams
+from shardstore.formats.precomputed.shard_file import (
+    build_shard,
+    decode_minishard_index,
+    minishard_index_range,
+    parse_shard,
+    shard_problems,
+    split_shard,
+)
 
 __all__ = ["MAX_MINISHARD_BITS", "TYPE_NAME", "Encoding", "HashName", "PrecomputedSharding"]
 
 TYPE_NAME: Final = "neuroglancer_uint64_sharded_v1"
-HashName = Literal["identity", "murmurhash3_x86_128"]
-Encoding = Literal["raw", "gzip"]
 _HASHES: Final = ("identity", "murmurhash3_x86_128")
 _ENCODINGS: Final = ("raw", "gzip")
 _BITS_FIELDS: Final = ("preshift_bits", "minishard_bits", "shard_bits")
@@ -84,19 +93,13 @@ def _check_fields(obj: Mapping[Any, Any], where: str) -> None:
 
 
 @dataclass(frozen=True)
-class PrecomputedSharding(ShardFormat):
+class PrecomputedSharding(ShardingParams, ShardFormat):
     """The ``sharding`` object of a neuroglancer precomputed scale (or kvstore metadata),
-    as a :class:`~shardstore.formats.base.ShardFormat`: chunks are uint64 ids, their
-    bytes raw (the format applies ``data_encoding`` itself)."""
+    checked, as a :class:`~shardstore.formats.base.ShardFormat`: chunks are uint64 ids,
+    their bytes raw (the format applies ``data_encoding`` itself)."""
 
     type_name: ClassVar[str] = TYPE_NAME
 
-    preshift_bits: int
-    hash: HashName
-    minishard_bits: int
-    shard_bits: int
-    minishard_index_encoding: Encoding = "raw"
-    data_encoding: Encoding = "raw"
     directory: str = ""
     """Where a zarr array's shard files are, below its chunk prefix ("": there
     itself). A resize that renumbers the chunks writes them to a new directory, and
@@ -155,6 +158,27 @@ class PrecomputedSharding(ShardFormat):
         except ShardingConfigError as exc:
             raise ShardingConfigError(f"{where}: {exc}") from None
 
+    places_follow_grid: ClassVar[bool] = True
+
+    def renumbers(self, old_grid: tuple[int, ...], new_grid: tuple[int, ...]) -> bool:
+        return renumbered(old_grid, new_grid)
+
+    def renumbered(
+        self, places: npt.NDArray[np.uint64], old_grid: tuple[int, ...], new_grid: tuple[int, ...]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.uint64]]:
+        return renumber(places, old_grid, new_grid)
+
+    @property
+    def subdirectory(self) -> str:
+        return self.directory
+
+    def in_subdirectory(self, directory: str) -> PrecomputedSharding:
+        return replace(self, directory=directory)
+
+    def shards_of(self, places: Sequence[int]) -> list[tuple[int, ...]]:
+        shards, _ = locate_ids(self, np.asarray(places, dtype=np.uint64))
+        return [(int(s),) for s in shards.tolist()]
+
     def for_array(self, path: str, ndim: int) -> PrecomputedSharding:
         """This format, if it can hold a zarr array's chunks: zarr's codecs encode them, so the
         format stores them as they are (``data_encoding: "raw"``)."""
@@ -203,6 +227,39 @@ class PrecomputedSharding(ShardFormat):
         """The shard index: the first-level index, at the start of every shard file."""
         return RangeByteRequest(0, self.shard_index_nbytes)
 
+    # -- the table, a minishard at a time --------------------------------------------
+
+    one_index: ClassVar[bool] = False
+
+    def index_parts(self, places: Sequence[int]) -> list[int]:
+        """The minishard of each chunk id."""
+        _, minishards = locate_ids(self, np.asarray(places, dtype=np.uint64))
+        return [int(m) for m in minishards.tolist()]
+
+    def part_request(self, part: int) -> RangeByteRequest:
+        """The minishard's 16-byte entry in the shard index."""
+        return RangeByteRequest(16 * part, 16 * part + 16)
+
+    def read_part(self, part: int, raw: bytes, key: str) -> ChunkTable | RangeByteRequest:
+        """Where the minishard's index lies (an empty minishard: an empty table)."""
+        where = minishard_index_range(self, raw, part, key)
+        return RangeByteRequest(where.start, where.stop) if len(where) else {}
+
+    def decode_part(self, part: int, raw: bytes, key: str) -> dict[int, tuple[int, int]]:
+        rows = decode_minishard_index(self, raw, key)
+        return {int(i): (int(o), int(n)) for i, o, n in rows.tolist()}
+
+    def table_places(self, table: ChunkTable) -> npt.NDArray[np.uint64]:
+        return np.array(sorted(table), dtype=np.uint64)
+
+    def check_table(self, table: ChunkTable, nbytes: int, key: str) -> None:
+        """(Minishard ranges are checked as they are read.)"""
+
+    def table_figures(self, table: ChunkTable, nbytes: int) -> TableFigures:
+        """Rebuilt whole on every write: nothing is dead."""
+        assert isinstance(table, dict)
+        return TableFigures(len(table), sum(n for _, n in table.values()), 0)
+
     def build(self, chunks: Mapping[int, bytes]) -> bytes:
         return build_shard(self, chunks)
 
@@ -211,15 +268,3 @@ class PrecomputedSharding(ShardFormat):
 
     def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
         return shard_problems(self, blob, key)
-
-    @property
-    def shard_index_nbytes(self) -> int:
-        return 16 << self.minishard_bits
-
-    @property
-    def num_minishards(self) -> int:
-        return 1 << self.minishard_bits
-
-    @property
-    def num_shards(self) -> int:
-        return 1 << self.shard_bits

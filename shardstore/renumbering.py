@@ -1,10 +1,12 @@
-"""Moving an array's chunks to the ids of a new grid (the neuroglancer format).
+"""Moving an array's chunks to the places a new grid gives them.
 
-There a chunk's id is the compressed Morton code of its grid position, and the
-code depends on the grid's shape: a resize can give chunks already stored other
-ids. :func:`migrate` copies every stored chunk to its new id, into shard files
-in a directory of their own below the array's chunk prefix, and the metadata
-document naming that directory (written by the caller) is the commit. A process
+Where a format numbers chunks from their grid position in the grid's shape (the
+neuroglancer format: a chunk's id is the compressed Morton code of its position)
+a resize can give chunks already stored other places
+(:meth:`~shardstore.formats.base.ShardFormat.renumbers`). :func:`migrate` copies every
+stored chunk to its new place (:meth:`~shardstore.formats.base.ShardFormat.renumbered`),
+into shard objects in a directory of their own below the array's chunk prefix, and
+the metadata document naming that directory (written by the caller) is the commit. A process
 killed before it leaves the old array whole (plus unread files in the new
 directory); one killed after, the new array (plus the old, unread files).
 Both kinds are *stale* shard files: never listed or read, deleted with the
@@ -23,20 +25,13 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
 from zarr.abc.store import RangeByteRequest
 
 from shardstore.addressing import shard_at
 from shardstore.errors import ShardConflictError
-from shardstore.formats.precomputed import (
-    PrecomputedSharding,
-    locate_ids,
-    renumber,
-    renumbered,
-    shard_file_name,
-)
+from shardstore.formats.base import ShardFormat, table_entry
 from shardstore.inner import InnerStore
 from shardstore.inner.base import STALE
 from shardstore.metadata import ArrayInfo
@@ -58,7 +53,7 @@ class Migration:
     directory, and the old shard files to delete once the metadata names it (none,
     and the sharding as it is, when there was nothing to move)."""
 
-    shard_format: PrecomputedSharding
+    shard_format: ShardFormat
     old_keys: list[str]
 
 
@@ -73,12 +68,12 @@ class _Seen:
 
 @dataclass(frozen=True)
 class _Piece:
-    """One chunk to copy: where its bytes are now, and its new id."""
+    """One chunk to copy: where its bytes are now, and its new place."""
 
     old_key: str
     start: int
     stop: int
-    new_id: int
+    new_place: int
 
 
 class _Changed(Exception):
@@ -93,8 +88,8 @@ async def migrate(
     *,
     attempts: int,
 ) -> Migration:
-    """Copy the chunks of ``old`` (sharded by chunk ids) that lie inside ``new_grid``
-    to the ids that grid gives them, in a new directory. ``current()`` reads the array
+    """Copy the chunks of ``old`` that lie inside ``new_grid`` to the places that grid
+    gives them, in a new directory. ``current()`` reads the array
     afresh for each further attempt (another process may have resized it meanwhile).
     Raises ShardConflictError if other writers changed the old shards during each of
     ``attempts`` copies."""
@@ -102,12 +97,12 @@ async def migrate(
         if attempt:
             old = await current() or old
         fmt = old.shard_format
-        assert isinstance(fmt, PrecomputedSharding)
+        assert fmt is not None
         old_keys = await shard_keys(inner, old)
-        if not old_keys or not renumbered(old.grid_shape, new_grid):
-            return Migration(fmt, [])  # nothing stored, or nothing to move: the ids stay
+        if not old_keys or not fmt.renumbers(old.grid_shape, tuple(new_grid)):
+            return Migration(fmt, [])  # nothing stored, or nothing to move: the places stay
         directory = f"ids-{'x'.join(map(str, new_grid))}-{secrets.token_hex(4)}"
-        target = replace(fmt, directory=directory)
+        target = fmt.in_subdirectory(directory)
         prefix = f"{old.chunk_prefix}{directory}/"
         try:
             seen, pieces, blobs = await _locate(inner, old, old_keys, new_grid)
@@ -181,7 +176,7 @@ async def _locate(
     """Read each old shard (a few at a time) and say where each of its chunks goes;
     the shards read are kept while they fit in one round of the copy."""
     fmt = old.shard_format
-    assert isinstance(fmt, PrecomputedSharding)
+    assert fmt is not None
     seen: dict[str, _Seen] = {}
     pieces: list[_Piece] = []
     kept_blobs: dict[str, bytes] = {}
@@ -196,30 +191,29 @@ async def _locate(
             if held + len(blob) <= _COPY_BYTES:
                 kept_blobs[key] = blob
                 held += len(blob)
-            where = fmt.parse(blob, key)
-            ids = np.fromiter(where, dtype=np.uint64, count=len(where))
-            kept, new_ids = renumber(ids, old.grid_shape, new_grid)
-            for chunk_id, new_id in zip(ids[kept].tolist(), new_ids.tolist(), strict=True):
-                offset, nbytes = where[chunk_id]
-                pieces.append(_Piece(key, offset, offset + nbytes, new_id))
+            table = fmt.parse(blob, key)
+            places = fmt.table_places(table)
+            kept, new_places = fmt.renumbered(places, old.grid_shape, tuple(new_grid))
+            for place, new_place in zip(places[kept].tolist(), new_places.tolist(), strict=True):
+                offset, nbytes = table_entry(table, place) or (0, 0)
+                pieces.append(_Piece(key, offset, offset + nbytes, new_place))
     return seen, pieces, kept_blobs
 
 
 async def _copy(
     inner: InnerStore,
-    target: PrecomputedSharding,
+    target: ShardFormat,
     prefix: str,
     pieces: list[_Piece],
     seen: dict[str, _Seen],
     blobs: dict[str, bytes],
 ) -> list[str]:
     """Build and write the new shards, a group of them at a time; their keys."""
-    numbers, _ = locate_ids(target, np.array([p.new_id for p in pieces], dtype=np.uint64))
-    by_shard: dict[int, list[_Piece]] = {}
-    for number, piece in zip(numbers.tolist(), pieces, strict=True):
-        by_shard.setdefault(number, []).append(piece)
+    by_shard: dict[tuple[int, ...], list[_Piece]] = {}
+    for shard, piece in zip(target.shards_of([p.new_place for p in pieces]), pieces, strict=True):
+        by_shard.setdefault(shard, []).append(piece)
     written: list[str] = []
-    group: dict[int, list[_Piece]] = {}
+    group: dict[tuple[int, ...], list[_Piece]] = {}
     size = 0
     for number, members in sorted(by_shard.items()):
         group[number] = members
@@ -234,9 +228,9 @@ async def _copy(
 
 async def _write_group(
     inner: InnerStore,
-    target: PrecomputedSharding,
+    target: ShardFormat,
     prefix: str,
-    group: dict[int, list[_Piece]],
+    group: dict[tuple[int, ...], list[_Piece]],
     seen: dict[str, _Seen],
     blobs: dict[str, bytes],
 ) -> list[str]:
@@ -248,13 +242,13 @@ async def _write_group(
         [(p.old_key, RangeByteRequest(p.start, p.stop)) for p in far],
         [seen[p.old_key].version for p in far],
     )
-    data = {p.new_id: blobs[p.old_key][p.start : p.stop] for p in pieces if p.old_key in blobs}
+    data = {p.new_place: blobs[p.old_key][p.start : p.stop] for p in pieces if p.old_key in blobs}
     for piece, (value, _) in zip(far, read, strict=True):
         if value is None or value is STALE or len(value) != piece.stop - piece.start:
             raise _Changed
-        data[piece.new_id] = value
-    keys = [prefix + shard_file_name(target, n) for n in group]
-    shards = [target.build({p.new_id: data[p.new_id] for p in members}) for members in group.values()]
+        data[piece.new_place] = value
+    keys = [prefix + target.shard_file(shard) for shard in group]
+    shards = [target.build({p.new_place: data[p.new_place] for p in members}) for members in group.values()]
     await gather(*(inner.set(k, blob) for k, blob in zip(keys, shards, strict=True)))
     return keys
 

@@ -36,10 +36,10 @@ from zarr.core.sync import sync
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
 from shardstore.formats.precomputed import PrecomputedSharding, compressed_morton_code
-from shardstore.formats.precomputed.store import PrecomputedShardedStore
 from shardstore.inner import InnerStore, adapt
 from shardstore.inner.base import failure
 from shardstore.inner.subdirectory import SubdirectoryInner
+from shardstore.neuroglancer.store import PrecomputedShardedStore
 
 __all__ = ["PrecomputedScale", "PrecomputedVolume", "scale_directory"]
 

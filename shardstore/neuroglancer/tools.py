@@ -26,12 +26,12 @@ from shardstore.formats.precomputed import (
     shard_number_of_name,
     shard_problems,
 )
-from shardstore.formats.precomputed.store import PrecomputedShardedStore
-from shardstore.formats.precomputed.volume import scale_directory
 from shardstore.inner import InnerStore, adapt
 from shardstore.keys import join_path
 from shardstore.maintenance.common import VERIFY_BATCH, Progress, sizes_of
 from shardstore.maintenance.leftovers import LEFTOVERS, owner
+from shardstore.neuroglancer.store import PrecomputedShardedStore
+from shardstore.neuroglancer.volume import scale_directory
 from shardstore.sync_bridge import blocking
 from shardstore.tasks import gather
 

@@ -9,7 +9,8 @@ shardstore. These pure functions convert between the forms and decide
 whether a codec-form document, written by any tool, can be served as plain
 chunks: only when each inner chunk is a byte range of the shard, that is,
 when ``sharding_indexed`` is the array's only codec and its index is in a
-format we read.
+format we read (the index configuration is checked where it becomes a format:
+``shardstore.formats.codec_form_of``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 
 from shardstore.chunk_grids import DimSpec, covering_edges, dim_specs, rectilinear_grid, uniform_edge
 from shardstore.errors import ShardingConfigError
-from shardstore.formats.indexed import IndexedFormat, is_codec
+from shardstore.formats.base import ShardFormat
 
 __all__ = [
+    "SHARDING_CODEC",
     "CodecForm",
     "codec_layout_problem",
+    "is_codec",
     "parse_codec_form",
     "to_codec_form",
     "to_plain_form",
@@ -41,10 +44,17 @@ class CodecForm:
     """What a ``sharding_indexed`` array document says, or why it cannot be served."""
 
     inner_chunks: tuple[int, ...] | None = None
-    shard_format: IndexedFormat | None = None
+    index: Document | None = None
+    """The shard index's configuration (chunks per shard, location, codecs)."""
     inner_codecs: list[Any] | None = None
     unservable: str | None = None
     """Why the array's inner chunks are not byte ranges we can serve (None: they are)."""
+    shard_format: ShardFormat | None = None
+    """The format that configuration describes, once checked."""
+
+
+def is_codec(entry: Any, name: str) -> bool:
+    return entry == name or (isinstance(entry, dict) and entry.get("name") == name)
 
 
 def _config(entry: Any) -> Document:
@@ -91,11 +101,7 @@ def parse_codec_form(doc: Document) -> CodecForm | None:
         # missing means [bytes, crc32c]: zarr-python's reading of such documents
         "index_codecs": config.get("index_codecs", _DEFAULT_INDEX_CODECS),
     }
-    try:
-        fmt = IndexedFormat.from_config(index, "the sharding codec")
-    except ShardingConfigError as exc:
-        return CodecForm(unservable=str(exc))
-    return CodecForm(tuple(inner), fmt, inner_codecs)
+    return CodecForm(tuple(inner), index, inner_codecs)
 
 
 def _specs(doc: Document) -> list[tuple[DimSpec, int]] | None:
@@ -159,16 +165,17 @@ def to_plain_form(doc: Document, form: CodecForm) -> Document:
     return plain
 
 
-def to_codec_form(doc: Document, fmt: IndexedFormat) -> Document:
-    """Standard ``sharding_indexed`` metadata for a plain v3 array document (raises
-    ShardingConfigError if :func:`codec_layout_problem` finds one)."""
+def to_codec_form(doc: Document, index: Document) -> Document:
+    """Standard ``sharding_indexed`` metadata for a plain v3 array document, its shard
+    index as ``index`` configures it (chunks per shard, location, codecs); raises
+    ShardingConfigError if :func:`codec_layout_problem` finds one."""
     problem = codec_layout_problem(doc)
     if problem is not None:
         raise ShardingConfigError(f"an array stored in the codec layout {problem}")
     uniform = _uniform_shape(doc)
     inner = uniform if uniform is not None else list(_config(doc.get("chunk_grid")).get("chunk_shape") or [])
     sharded = copy.deepcopy(doc)
-    cps = list(fmt.chunks_per_shard)
+    cps = list(index["chunks_per_shard"])
     shard_shape = [c * n for c, n in zip(inner, cps, strict=True)]
     if uniform is None:
         sharded["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": shard_shape}}
@@ -180,8 +187,8 @@ def to_codec_form(doc: Document, fmt: IndexedFormat) -> Document:
             "configuration": {
                 "chunk_shape": inner,
                 "codecs": copy.deepcopy(doc.get("codecs") or []),
-                "index_codecs": fmt.index_codecs(),
-                "index_location": fmt.index_location,
+                "index_codecs": index["index_codecs"],
+                "index_location": index["index_location"],
             },
         }
     ]
