@@ -13,6 +13,7 @@ __all__ = [
     "ConcurrentWriterWarning",
     "InnerStoreError",
     "InvalidKeyError",
+    "PartialShardWriteError",
     "ReadOnlyError",
     "ShardConflictError",
     "ShardFormatError",
@@ -63,6 +64,14 @@ class ShardConflictError(ShardStoreError):
     to read chunks of it by ranges located through its index."""
 
 
+class PartialShardWriteError(ShardStoreError):
+    """A write through a store whose writes are merged with other writers' object
+    by object, later (a forked Icechunk session, merged with ``Session.merge``),
+    that would change part of a shard and keep the rest as read: the merge could
+    then replace another writer's chunks of that shard with the old ones. Refused
+    before anything is written; such writes must replace whole shards."""
+
+
 class StaleArrayError(ShardStoreError):
     """A write through array metadata that another process has replaced since this
     store read it, in a way that moves the array's chunks (a resize that renumbered
@@ -86,6 +95,10 @@ class BatchCommitError(ShardStoreError):
     def __init__(self, message: str, failed: dict[str, BaseException]) -> None:
         super().__init__(message)
         self.failed = failed
+
+    def __reduce__(self) -> tuple[type[BatchCommitError], tuple[str, dict[str, BaseException]]]:
+        """Pickled whole, so that it crosses from a worker process to its caller."""
+        return type(self), (str(self), self.failed)
 
 
 class StrategyFallbackWarning(UserWarning):

@@ -24,6 +24,7 @@ from shardstore.default_pipeline import become_default
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
 from shardstore.inner import ChunkBytes, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
+from shardstore.inner.icechunk import IcechunkInner
 from shardstore.internals import StoreInternals
 from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
@@ -140,6 +141,8 @@ class ShardingStore(Store):
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
+        if self._inner.read_only:  # a read-only Icechunk session: refused here, naming the key
+            self._read_only = True
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)
         reads = ReadPolicy.resolve(self._options, self._inner.capabilities)
@@ -227,6 +230,17 @@ class ShardingStore(Store):
         return self._inner_arg
 
     @property
+    def session(self) -> Any:
+        """The Icechunk session of the wrapped store (AttributeError for any other store).
+
+        Icechunk's own helpers for dask and distributed writes find a zarr array's
+        session as ``array.store.session``; through this they work on arrays of a
+        ShardingStore over a session or a fork too."""
+        if not isinstance(self._inner, IcechunkInner):
+            raise AttributeError(f"{self!r} wraps no Icechunk session")
+        return self._inner.session
+
+    @property
     def supports_writes(self) -> bool:
         """True: chunks and metadata can be written (unless opened read-only)."""
         return True
@@ -247,9 +261,13 @@ class ShardingStore(Store):
         property of each store."""
         return False
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, keys: Sequence[str] = ()) -> None:
+        """Refuse a write to a read-only store, naming the first key it would write."""
         if self.read_only:
-            raise ReadOnlyError(f"store was opened in read-only mode and does not support writing: {self!r}")
+            what = f"{keys[0]!r} was not written: " if keys else ""
+            raise ReadOnlyError(
+                f"{what}store was opened in read-only mode and does not support writing: {self!r}"
+            )
 
     def batch(self, max_bytes: int = DEFAULT_BATCH_BYTES) -> BatchScope[ShardingStore]:
         """Buffer chunk writes per shard until the block ends (``with`` or ``async with``).
@@ -432,7 +450,7 @@ class ShardingStore(Store):
     async def set(self, key: str, value: Buffer) -> None:
         """Write ``key``: a chunk is committed into its shard (read-modify-write that loses
         no other writer's chunk) before this returns, or held by an open ``batch()``."""
-        self._check_writable()
+        self._check_writable([key])
         if not isinstance(value, Buffer):
             raise TypeError(f"ShardingStore.set(): `value` must be a Buffer instance. Got {type(value)!r}.")
         check_key(key)
@@ -457,7 +475,8 @@ class ShardingStore(Store):
         :class:`~shardstore.pipeline.ShardAwarePipeline`) writes each shard once,
         and a shard whose chunks are all given is written without reading it.
         Values may be ``bytes`` as well as zarr Buffers (no copy is made of them)."""
-        self._check_writable()
+        values = list(values)
+        self._check_writable([k for k, _ in values[:1]])
         by_shard: UpdatesByShard = {}
         chunks: dict[str, bytes | None] = {}
         others: list[tuple[str, Buffer | None]] = []
@@ -488,7 +507,8 @@ class ShardingStore(Store):
     ) -> None:
         """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
         per shard, one commit each) or into pass-through objects."""
-        self._check_writable()
+        key_start_values = list(key_start_values)
+        self._check_writable([k for k, _, _ in key_start_values[:1]])
         by_shard: UpdatesByShard = {}
         others: list[tuple[str, int, bytes]] = []
         for key, start, data in key_start_values:
@@ -513,7 +533,8 @@ class ShardingStore(Store):
     async def erase_values(self, keys: Iterable[str]) -> None:
         """ZEP 2 ``erase_values``: chunks are removed from their shards (a shard left
         empty is deleted); other keys are deleted from the inner store."""
-        self._check_writable()
+        keys = list(keys)
+        self._check_writable(keys)
         by_shard: UpdatesByShard = {}
         chunks: list[str] = []
         others: list[str] = []
@@ -550,13 +571,13 @@ class ShardingStore(Store):
 
     async def delete_dir(self, prefix: str) -> None:
         """Delete every key under the directory ``prefix/``, shards whole."""
-        self._check_writable()
+        self._check_writable([as_dir(prefix)])
         await self.erase_prefix(as_dir(prefix))
 
     async def erase_prefix(self, prefix: str) -> None:
         """ZEP 2 ``erase_prefix``: shards wholly under the prefix are deleted without
         reading them; shards partly under it lose only the chunks under it."""
-        self._check_writable()
+        self._check_writable([prefix])
         found = await self._lister.scan(prefix)
         whole = [s.key for s in found.shards if s.info.chunk_prefix.startswith(prefix)]
         partial = [s for s in found.shards if not s.info.chunk_prefix.startswith(prefix)]

@@ -177,3 +177,14 @@ def test_failing_inner_store_raises_inner_store_error_and_keeps_old_shard() -> N
     np.testing.assert_array_equal(
         zarr.open_array(ShardingStore(backing.data), path="a")[:], np.arange(16).reshape(4, 4)
     )
+
+
+def test_a_batch_commit_error_pickles_whole() -> None:
+    """It crosses from a worker process to its caller (dask, multiprocessing)."""
+    import pickle
+
+    from shardstore.errors import BatchCommitError
+
+    error = BatchCommitError("2 shard(s) ...", {"a/c/0/0": ValueError("x")})
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == str(error) and list(again.failed) == ["a/c/0/0"]

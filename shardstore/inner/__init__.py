@@ -2,8 +2,8 @@
 
 shardstore needs only whole and ranged reads (singly and batched), writes,
 read-modify-writes, appends, deletes, sizes and listings. Each adapter maps
-those onto its storage's own primitives: a zarr ``Store``, an fsspec file
-system (its async API where it has one, threads otherwise; S3 with
+those onto its storage's own primitives: a zarr ``Store`` (an Icechunk
+session's among them), an fsspec file system (its async API where it has one, threads otherwise; S3 with
 conditional writes), local files (replaced atomically, under per-shard file
 locks), or a plain mapping. Failures other than "not found"
 become :class:`~shardstore.errors.InnerStoreError` naming the key.
@@ -36,6 +36,7 @@ from shardstore.inner.base import (
 )
 from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.gcs import GCSInner, is_gcs
+from shardstore.inner.icechunk import IcechunkInner, is_icechunk
 from shardstore.inner.local import LocalInner
 from shardstore.inner.s3 import S3Inner, is_s3
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
@@ -50,6 +51,7 @@ __all__ = [
     "Change",
     "ChunkBytes",
     "FsspecInner",
+    "IcechunkInner",
     "InnerStore",
     "LocalInner",
     "MappingInner",
@@ -83,6 +85,8 @@ def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerSto
         return LocalInner(inner.root)
     if isinstance(inner, FsspecStore):  # ours creates parent directories; zarr's does not
         return _from_fs(getattr(inner.fs, "sync_fs", inner.fs), inner.path)
+    if is_icechunk(inner):
+        return IcechunkInner(inner)
     if isinstance(inner, Store):
         return ZarrInner(inner)
     if isinstance(inner, MutableMapping):

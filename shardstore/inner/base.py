@@ -135,6 +135,11 @@ class Capabilities:
     conditional_deletes: bool = False
     """``write_if(key, None, version)`` checks the version too (S3: ``If-Match`` on
     the DELETE)."""
+    merged_by_key: bool = False
+    """Writes here are merged with other writers' later, object by object, the last
+    one winning (a forked Icechunk session and ``Session.merge``): nothing orders a
+    read-modify-write against another writer of the object, so only writes that
+    replace an object whole are safe (:meth:`InnerStore.update` without ``read_old``)."""
 
     @property
     def ordered_deletes(self) -> bool:
@@ -158,6 +163,12 @@ class InnerStore(ABC):
 
     capabilities: Capabilities = Capabilities()
     """Set per adapter class, or per instance where it depends on the backend."""
+
+    @property
+    def read_only(self) -> bool:
+        """The storage itself refuses writes (an Icechunk read-only session): the
+        store over it is then read-only too, and says so naming the key."""
+        return False
 
     @abstractmethod
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None: ...

@@ -3,7 +3,7 @@ are grouped and merged before they become a commit. Pure functions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -21,6 +21,7 @@ __all__ = [
     "independent_of_old",
     "merge_updates",
     "rebuilt_shard",
+    "replaces_shard",
 ]
 
 
@@ -83,12 +84,24 @@ def add_update(by_shard: UpdatesByShard, chunk: ChunkAddress, update: Update) ->
 def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
     """Whether updates give every in-array chunk of the shard a value without reading it
     (never for shards of chunk ids, whose members are spread over the grid)."""
+    return _every_place(shard, updates, _gives_value)
+
+
+def replaces_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
+    """Whether updates decide every in-array chunk of the shard, a value or an erase,
+    so that the new shard owes nothing to the old one."""
+    return _every_place(shard, updates, lambda ups: ups is not None and independent_of_old(ups))
+
+
+def _every_place(
+    shard: ShardAddress, updates: ShardUpdates, test: Callable[[list[Update] | None], bool]
+) -> bool:
     needed = shard.places_in_grid()
     if needed is None:
         return False
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False
-    return all(_gives_value(updates.get(pos)) for pos in needed)
+    return all(test(updates.get(pos)) for pos in needed)
 
 
 def rebuilt_shard(

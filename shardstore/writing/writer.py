@@ -30,7 +30,7 @@ from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.choices import WriteStrategy
-from shardstore.errors import BatchCommitError
+from shardstore.errors import BatchCommitError, PartialShardWriteError
 from shardstore.formats.base import EMPTIED, Change
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
@@ -45,6 +45,7 @@ from shardstore.writing.updates import (
     covers_shard,
     independent_of_old,
     rebuilt_shard,
+    replaces_shard,
 )
 
 __all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter"]
@@ -264,6 +265,10 @@ class ShardWriter:
 
     async def _commit_by_strategy(self, job: _Job, updates: ShardUpdates) -> None:
         shard = job.shard
+        if self._inner.capabilities.merged_by_key:
+            _refuse_unless_replaced(self._inner, job, updates)
+            await self._rewrite(shard, updates, read_old=False)
+            return
         whole = covers_shard(shard, updates)  # every chunk new: the old shard need not be read
         appendable = (
             self.strategy == "append"
@@ -308,6 +313,38 @@ class ShardWriter:
         if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
             await self._rewrite(shard, updates, read_old=True)
         return True
+
+
+def _refuse_unless_replaced(inner: InnerStore, job: _Job, updates: ShardUpdates) -> None:
+    """Where writes are merged object by object later (an Icechunk fork), refuse a
+    commit that would keep any chunk of the old shard: merged over another writer's
+    version of the shard, those old chunks would replace that writer's new ones."""
+    shard = job.shard
+    if not job.compact and replaces_shard(shard, updates):
+        return
+    places = shard.places_in_grid()
+    block = shard.shard_format.grid_block
+    if job.compact:
+        what = "compacting it would rewrite chunks that other writers may have replaced"
+    elif places is None:
+        what = "this format spreads a shard's chunks over the array, so no write covers a shard"
+    else:
+        decided = sum(1 for pos in places if independent_of_old(updates.get(pos) or []))
+        what = (
+            f"this write decides {decided} of the {len(places)} chunks it holds, and keeps the rest as read"
+        )
+    align = (
+        f"regions aligned to the shard grid ({block} chunks per shard; shardstore.rechunk_to_shards "
+        "gives dask and xarray such blocks), a shard's chunks in one call or in one store.batch(); or "
+        if block is not None
+        else ""
+    )
+    raise PartialShardWriteError(
+        f"shard {shard.key!r} of array {shard.info.path!r} was not written through {inner!r}: {what}. "
+        "Icechunk merges forks object by object, so this shard would replace the chunks any other "
+        f"fork writes to it. Write whole shards from each fork: {align}write this array from the "
+        "session itself, on threads"
+    )
 
 
 async def _first_settled(futures: list[concurrent.futures.Future[None]]) -> None:
