@@ -455,6 +455,16 @@ def _in_memory(store: ShardingStore) -> bool:
     return isinstance(inner, MutableMapping) or type(inner).__name__ == "MemoryStore"
 
 
+def _has_session(store: ShardingStore) -> bool:
+    """Whether the store is an Icechunk session's or fork's, whose changes reach the
+    repository only through this process's commit."""
+    try:
+        store.session  # noqa: B018
+    except AttributeError:
+        return False
+    return True
+
+
 def _run_on_cluster(
     client: Client, src: ShardingStore, dst: ShardingStore, units: list[Unit], on_done: OnDone
 ) -> None:
@@ -510,6 +520,12 @@ def convert(
                 f"the {what} {store!r} is held in this process's memory: a dask cluster's workers cannot "
                 "reach it; convert without a client (on threads)"
             )
+    if client is not None and _has_session(dst):
+        raise ShardStoreError(
+            f"the destination {dst!r} is an Icechunk session: a dask cluster's workers would each write "
+            "into a copy of it that never reaches this session's commit; convert without a client (on "
+            "threads), then commit"
+        )
     before = sync(_objects(src))
     metadata = [k for k in before.plain if _is_metadata(k)]
     if not any(k.rpartition("/")[2] in ROOT_DOCUMENTS for k in metadata):

@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 import zarr
 
-from shardstore import PartialShardWriteError, ReadOnlyError, ShardingStore, StrategyFallbackWarning
+from shardstore import (
+    PartialShardWriteError,
+    ReadOnlyError,
+    ShardingStore,
+    ShardStoreError,
+    StrategyFallbackWarning,
+)
 from tests.processes import Writers
 
 icechunk = pytest.importorskip("icechunk")
@@ -446,6 +452,19 @@ def test_info_ls_verify_and_compact_work_on_a_session(repo: Any) -> None:
     compact(store)
     session.commit("half")
     assert verify(ShardingStore(repo.readonly_session(branch="main").store), decode=True) == {}
+
+
+def test_convert_on_a_cluster_into_a_session_or_fork_is_refused(repo: Any, tmp_path: Path) -> None:
+    """Workers would write into copies of the session that never reach its commit."""
+    from shardstore.convert import convert
+
+    plain = zarr.storage.LocalStore(tmp_path / "plain")
+    zarr.create_array(plain, name="b", shape=SHAPE, chunks=CHUNKS, dtype="i4", fill_value=0)[:] = values()
+    session = repo.writable_session("main")
+    for target in (session.store, session.fork().store):
+        with pytest.raises(ShardStoreError, match=r"Icechunk session.*convert without a client"):
+            convert(ShardingStore(plain), ShardingStore(target), client=object())  # type: ignore[arg-type]
+    assert not session.has_uncommitted_changes
 
 
 def test_convert_into_a_session_and_out_of_a_snapshot(spec: dict[str, str], tmp_path: Path) -> None:

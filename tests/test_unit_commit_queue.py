@@ -496,3 +496,35 @@ async def test_waking_a_batch_whose_loop_has_closed_is_harmless() -> None:
     closed.close()
     batch.wake()  # from another, running loop: nothing to wake, no error
     assert not batch.grew.is_set()
+
+
+async def test_a_commit_failing_after_its_waiter_was_cancelled_leaves_no_error_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One call writing two shards: the first commit fails, so the call's wait for the
+    second is cancelled; the second commit fails later. Its error is still taken when
+    it comes (asyncio would otherwise log "Future exception was never retrieved")."""
+    import gc
+
+    from shardstore.tasks import gather
+
+    second_may_fail = asyncio.Event()
+    finished: list[str] = []
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        try:
+            if key == "s2":
+                await second_may_fail.wait()
+            raise ValueError(key)
+        finally:
+            finished.append(key)
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
+    with pytest.raises(ValueError, match="s1"):
+        await gather(queue.submit("s1", "t", {0: [b"x"]}), queue.submit("s2", "t", {0: [b"y"]}))
+    second_may_fail.set()
+    await turns_until(lambda: finished == ["s1", "s2"])
+    await spin(5)
+    gc.collect()
+    await spin(5)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -42,8 +42,20 @@ T = TypeVar("T")
 async def outcome(future: concurrent.futures.Future[None]) -> None:
     """Wait for a future that other waiters share: cancelling this waiter must not
     cancel the future itself (asyncio.wrap_future would), or every other writer
-    of the shard would lose its write."""
-    await asyncio.shield(asyncio.wrap_future(future))
+    of the shard would lose its write. A waiter cancelled meanwhile (a sibling
+    write of its caller failed first) still takes the outcome when it comes, or
+    asyncio would report an error that nobody retrieved."""
+    waiter = asyncio.wrap_future(future)
+    try:
+        await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        waiter.add_done_callback(_retrieved)
+        raise
+
+
+def _retrieved(waiter: asyncio.Future[None]) -> None:
+    if not waiter.cancelled():
+        waiter.exception()  # (its own writers have it; here it is only marked as seen)
 
 
 @dataclass(eq=False)
