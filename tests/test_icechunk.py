@@ -340,6 +340,17 @@ def test_a_fork_may_replace_a_shard_whose_chunks_are_partly_fill(repo: Any) -> N
     assert (got[:32, :32] == block).all()
 
 
+def test_a_fork_refuses_a_shrink_that_splits_shards_and_keeps_nothing_of_it(repo: Any) -> None:
+    session = repo.writable_session("main")
+    array_in(session)[:] = values()
+    session.commit("all")
+    fork = repo.writable_session("main").fork()
+    with pytest.raises(PartialShardWriteError, match="of array 'a'"):
+        array_in(fork).resize((40, 40))  # drops chunks of shards it keeps in part
+    assert not fork.has_uncommitted_changes
+    assert array_in(fork).shape == SHAPE
+
+
 # -- crashes -----------------------------------------------------------------------------
 
 
