@@ -14,6 +14,7 @@ __all__ = [
     "InnerStoreError",
     "InvalidKeyError",
     "PartialShardWriteError",
+    "PipelineChoiceWarning",
     "ReadOnlyError",
     "ShardConflictError",
     "ShardFormatError",
@@ -104,6 +105,13 @@ class BatchCommitError(ShardStoreError):
 class StrategyFallbackWarning(UserWarning):
     """``write_strategy="append"`` on an inner store that cannot append (anything
     but local files): its shards are rewritten whole instead."""
+
+
+class PipelineChoiceWarning(UserWarning):
+    """Arrays on a ShardingStore are served by another codec pipeline than
+    shardstore's, the one zarr's ``codec_pipeline.path`` names: one chunk at a time,
+    several times slower. Said once per process, naming the two settings that keep
+    that pipeline for every other array."""
 
 
 class UnshardedArrayWarning(UserWarning):

@@ -20,7 +20,7 @@ import shardstore.sync_bridge as sync_bridge
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.choices import IndexCacheMode, Layout, ReadStrategy, Renumbering, WriteStrategy
-from shardstore.default_pipeline import become_default
+from shardstore.default_pipeline import become_default, warn_if_another_pipeline
 from shardstore.errors import ReadOnlyError, StaleArrayError, StrategyFallbackWarning
 from shardstore.inner import ChunkBytes, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
@@ -28,7 +28,7 @@ from shardstore.inner.icechunk import IcechunkInner
 from shardstore.internals import StoreInternals
 from shardstore.keys import check_byte_range, check_key, split_key
 from shardstore.listing import ShardLister, as_dir
-from shardstore.metadata import ChunksPerShard, ShardingPolicy
+from shardstore.metadata import METADATA_NAMES, ChunksPerShard, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.options import DEFAULT_FETCH_CONCURRENCY, ReadPolicy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
@@ -311,6 +311,8 @@ class ShardingStore(Store):
         None if absent. The reads of one event-loop turn are batched per shard."""
         check_byte_range(byte_range)
         check_key(key)
+        if split_key(key)[1] not in METADATA_NAMES:  # a chunk read alone: another pipeline's way
+            warn_if_another_pipeline(key)
         return await self._reads.get(prototype, key, byte_range)
 
     async def get_partial_values(
@@ -457,6 +459,7 @@ class ShardingStore(Store):
         data = value.to_bytes()
         where = await self._router.route(key, writing=True)
         if isinstance(where, ChunkAddress):
+            warn_if_another_pipeline(key)  # a chunk written alone: another pipeline's way
             try:
                 await self._writer.write(where.shard, {where.position: [data]})
             except StaleArrayError:

@@ -7,10 +7,12 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.storage import MemoryStore
 
-from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
+from shardstore import PIPELINE_PATH, PipelineChoiceWarning, ShardAwarePipeline, ShardingStore
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
 
@@ -411,3 +413,83 @@ def test_a_whole_read_and_write_hold_at_most_fetch_concurrency_shards(tmp_path: 
     np.testing.assert_array_equal(got, data)
     assert wrote <= 4 * shard_nbytes + slack, wrote
     assert read <= data.nbytes + 4 * shard_nbytes + slack, read
+
+
+# -- a user's pipeline choice --------------------------------------------------------
+
+
+def _main_paths() -> list[str]:
+    """Every other pipeline this stack has: zarr's batched one, zarr 3.4's fused one, zarrs."""
+    paths = [ZARR_PIPELINE]
+    if hasattr(zarr.core.codec_pipeline, "FusedCodecPipeline"):
+        paths.append(FUSED)
+    if importlib.util.find_spec("zarrs") is not None:
+        paths.append(ZARRS)
+    return paths
+
+
+@pytest.fixture
+def untold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process has not said PipelineChoiceWarning yet, nor declined the default."""
+    import shardstore.default_pipeline
+
+    monkeypatch.setattr(shardstore.default_pipeline, "_warned", False)
+    monkeypatch.delenv("SHARDSTORE_DEFAULT_PIPELINE", raising=False)
+
+
+def _choice_warnings(said: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in said if issubclass(w.category, PipelineChoiceWarning)]
+
+
+def _whole_write(store: ShardingStore, inner: CountingInner, data: np.ndarray) -> tuple[Any, int]:
+    """Write ``data`` as a new array "a" (8 x 8 chunks): its pipeline and the inner writes."""
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype=data.dtype)
+    inner.counts.reset()
+    arr[:] = data
+    np.testing.assert_array_equal(arr[:], data)
+    return arr._async_array.codec_pipeline, inner.counts.writes
+
+
+@pytest.mark.usefixtures("untold")
+@pytest.mark.parametrize("path", _main_paths())
+def test_another_main_pipeline_is_named_once_with_the_settings_that_give_both(
+    tmp_path: Path, path: str
+) -> None:
+    """A ShardingStore array served one chunk at a time by the user's pipeline: one
+    warning per process, naming both settings; following it, shardstore's pipeline
+    serves the ShardingStore array (one write per shard) and theirs every other."""
+    data = sample((64, 64), "i4")  # 8 x 8 chunks, 2 x 2 shards of 4 x 4
+    with warnings.catch_warnings(record=True) as said, zarr.config.set({"codec_pipeline.path": path}):
+        warnings.simplefilter("always")
+        _, writes = _whole_write(*_counted(tmp_path, "first"), data)
+        _whole_write(*_counted(tmp_path, "second"), data)
+    (message,) = _choice_warnings(said)
+    assert f"codec_pipeline.path is {path!r}" in message and "'a/c/" in message
+    assert f"codec_pipeline.path to {PIPELINE_PATH!r} and codec_pipeline.fallback_path to {path!r}" in message
+    assert writes > 2 * 2, "one chunk at a time: more than one commit per shard"
+
+    advised = {"codec_pipeline.path": PIPELINE_PATH, "codec_pipeline.fallback_path": path}
+    with warnings.catch_warnings(record=True) as said, zarr.config.set(advised):
+        warnings.simplefilter("always")
+        pipeline, writes = _whole_write(*_counted(tmp_path, "advised"), data)
+        plain = _round_trip(zarr.storage.LocalStore(tmp_path / "plain"), data)
+    assert isinstance(pipeline, ShardAwarePipeline) and writes == 2 * 2
+    assert not _choice_warnings(said)
+    if path != ZARR_PIPELINE:
+        served = plain.fallback if isinstance(plain, ShardAwarePipeline) else plain
+        assert path.endswith(type(served).__name__)
+
+
+@pytest.mark.usefixtures("untold")
+def test_no_choice_warning_under_shardstores_pipeline_or_once_the_default_was_declined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = sample((16, 16), "i4")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+            _round_trip(ShardingStore(str(tmp_path / "ours"), (2, 2)), data)
+        monkeypatch.setenv("SHARDSTORE_DEFAULT_PIPELINE", "0")
+        with zarr.config.set({"codec_pipeline.path": ZARR_PIPELINE}):
+            _round_trip(ShardingStore(str(tmp_path / "declined"), (2, 2)), data)
+    assert not _choice_warnings(said)
