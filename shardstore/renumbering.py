@@ -14,7 +14,11 @@ array, reported by ``leftovers``.
 
 The copy is checked against other writers: every old shard is read with its
 version, and just before the commit it must still be at that version (and no
-shard added or removed), or the migration is made again from scratch.
+shard added or removed), and the stored metadata must still name the old
+places (no other resize committed meanwhile), or the migration is made again
+from scratch. A resize that finds nothing to move checks the metadata too: an
+array whose chunks another resize just moved has no shards left where it was
+read, and committing that empty place would lose them.
 """
 
 from __future__ import annotations
@@ -100,14 +104,23 @@ async def migrate(
         assert fmt is not None
         old_keys = await shard_keys(inner, old)
         if not old_keys or not fmt.renumbers(old.grid_shape, tuple(new_grid)):
-            return Migration(fmt, [])  # nothing stored, or nothing to move: the places stay
+            # nothing stored, or nothing to move: the places stay, if the array is still
+            # where it was read (another resize may have moved its chunks, and removed
+            # these shards, since: then this one starts again from there)
+            if await _still_there(old, current):
+                return Migration(fmt, [])
+            continue
         directory = f"ids-{'x'.join(map(str, new_grid))}-{secrets.token_hex(4)}"
         target = fmt.in_subdirectory(directory)
         prefix = f"{old.chunk_prefix}{directory}/"
         try:
             seen, pieces, blobs = await _locate(inner, old, old_keys, new_grid)
             written = await _copy(inner, target, prefix, pieces, seen, blobs)
-            if await shard_keys(inner, old) != old_keys or not await _unchanged(inner, seen):
+            if (
+                await shard_keys(inner, old) != old_keys
+                or not await _unchanged(inner, seen)
+                or not await _still_there(old, current)
+            ):
                 raise _Changed
         except _Changed:
             log.debug(
@@ -136,6 +149,13 @@ async def migrate(
         f"array {old.path or '/'!r}: other writers changed its shards during each of {attempts} attempts "
         "to renumber its chunks for the new shape; the resize was not applied"
     )
+
+
+async def _still_there(old: ArrayInfo, current: Callable[[], Awaitable[ArrayInfo | None]]) -> bool:
+    """Whether the stored metadata still keeps the array's chunks where ``old`` says
+    (no other resize committed a renumbering meanwhile)."""
+    now = await current()
+    return now is not None and now.shard_format == old.shard_format
 
 
 async def delete_old(

@@ -297,6 +297,50 @@ def test_a_chunk_written_by_another_store_during_the_copy_is_kept() -> None:
     assert all(k.startswith(f"a/c/{config['directory']}/") for k in inner if k.endswith(".shard"))
 
 
+class _ResizedMeanwhile(dict[str, bytes]):
+    """A mapping where, once armed, another store (its own thread and event loop)
+    resizes the array to ``shape`` just before the next listing: the listing then
+    finds the old shards gone, moved by that resize."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.shape = shape
+        self.armed = False
+
+    def __iter__(self) -> Iterator[str]:
+        if self.armed:
+            self.armed = False
+            worker = threading.Thread(target=asyncio.run, args=(self._resize(),))
+            worker.start()
+            worker.join()
+        return super().__iter__()
+
+    async def _resize(self) -> None:
+        other = await zarr.api.asynchronous.open_array(store=ShardingStore(self), path="a")
+        await other.resize(self.shape)
+
+
+def test_a_resize_that_finds_its_chunks_moved_by_another_resize_starts_again_from_there() -> None:
+    """It read the array's metadata, then listed no old shards (the other resize had
+    moved them): committing the old, empty place would lose every chunk."""
+    inner = _ResizedMeanwhile((200, 128))
+    arr = zarr.create_array(
+        ShardingStore(inner, chunks_per_shard=SHARDING),
+        name="a",
+        shape=(32, 128),
+        chunks=(16, 16),
+        dtype="i4",
+    )
+    data = sample((32, 128), "i4")
+    arr[:] = data
+    inner.armed = True
+    arr.resize((64, 128))
+    assert not inner.armed, "the other resize ran"
+    got = zarr.open_array(ShardingStore(dict(inner)), path="a")
+    assert got.shape == (64, 128)
+    np.testing.assert_array_equal(got[:32], data)
+
+
 class _NeverQuiet(dict[str, bytes]):
     """A mapping where an old shard changes again whenever a renumbering copy writes."""
 
