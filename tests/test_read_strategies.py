@@ -172,10 +172,28 @@ def test_shard_cache_stays_within_its_bound() -> None:
     counted, _ = _written()
     shard_nbytes = 16 * 8 + 16 * 16  # 16 chunks of 8 bytes, and the index
     store, arr = _open(counted, read_strategy="shard", shard_cache_bytes=3 * shard_nbytes)
-    np.testing.assert_array_equal(arr[:], DATA)
+    for row in range(0, 32, 2):  # one chunk of every shard at a time: each shard is kept
+        for col in range(0, 32, 8):
+            np.testing.assert_array_equal(
+                arr[row : row + 2, col : col + 2], DATA[row : row + 2, col : col + 2]
+            )
     entries, nbytes = store.internals.cache_usage()["shards"]
     assert 0 < nbytes <= 3 * shard_nbytes
     assert entries <= 3
+
+
+def test_a_read_of_whole_shards_passes_them_through_the_shard_cache() -> None:
+    """A bulk read does not push out what repeated chunk reads keep: the shards it
+    reads whole are not kept, and a shard read in part is."""
+    counted, _ = _written()
+    store, arr = _open(counted, read_strategy="shard")
+    np.testing.assert_array_equal(arr[:], DATA)
+    assert store.internals.cache_usage()["shards"] == (0, 0)
+    np.testing.assert_array_equal(arr[:2, :2], DATA[:2, :2])
+    assert store.internals.cache_usage()["shards"][0] == 1
+    counted.counts.reset()
+    np.testing.assert_array_equal(arr[2:4, 2:4], DATA[2:4, 2:4])  # another chunk of that shard
+    assert counted.counts.reads == 0
 
 
 @pytest.mark.parametrize("mode", ["auto", "trust"])

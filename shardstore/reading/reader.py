@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Sequence, Set
 
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
@@ -55,6 +55,12 @@ _TOUCHES = 4096
 
 ChunkRead = tuple[ChunkRef, ByteRequest | None]
 """A chunk, and the range of its stored bytes wanted (None: all)."""
+
+
+def _covers(shard: ShardRef, positions: set[int]) -> bool:
+    """Whether ``positions`` are every chunk of the shard inside the array."""
+    places = shard.places_in_grid()
+    return places is not None and len(positions) >= len(places) and positions.issuperset(places)
 
 
 class ShardReader:
@@ -100,6 +106,7 @@ class ShardReader:
         for i, (chunk, _) in enumerate(chunks):
             by_shard.setdefault(chunk.shard.key, []).append(i)
         whole: list[tuple[ShardRef, list[int]]] = []
+        passing: set[str] = set()
         recheck: list[tuple[ShardRef, list[int], ShardSnapshot]] = []
         ranged: list[int] = []
         for key, members in by_shard.items():
@@ -107,12 +114,14 @@ class ShardReader:
             snapshot = self._cached(key)
             if snapshot is not None:
                 self._serve(snapshot, members, chunks, results)
-            elif (
-                self._revalidate and (kept := self._shards.get(key)) is not None and kept.version is not None
-            ):
+                continue
+            positions = {chunks[i][0].position for i in members}
+            if self._revalidate and (kept := self._shards.get(key)) is not None and kept.version is not None:
                 recheck.append((shard, members, kept))
-            elif self._wants_whole(shard, {chunks[i][0].position for i in members}):
+            elif self._wants_whole(shard, positions):
                 whole.append((shard, members))
+                if _covers(shard, positions):
+                    passing.add(key)
             else:
                 ranged.extend(members)
         if log.isEnabledFor(logging.DEBUG):
@@ -127,7 +136,7 @@ class ShardReader:
                 len(ranged),
             )
         rounds = [
-            self._read_whole(whole, chunks, results) if whole else None,
+            self._read_whole(whole, chunks, results, passing) if whole else None,
             self._revalidated(recheck, chunks, results) if recheck else None,
             self._read_ranges(ranged, chunks, results) if ranged else None,
         ]
@@ -193,8 +202,9 @@ class ShardReader:
         shards: list[tuple[ShardRef, list[int]]],
         chunks: Sequence[ChunkRead],
         results: list[ChunkBytes | None],
+        passing: set[str],
     ) -> None:
-        fetched = await self.fetch_shards([shard for shard, _ in shards])
+        fetched = await self.fetch_shards([shard for shard, _ in shards], passing=passing)
         for (_, members), (snapshot, error) in zip(shards, fetched, strict=True):
             if error is not None:
                 raise error
@@ -223,9 +233,14 @@ class ShardReader:
                 snapshot = fresh
             self._serve(snapshot, members, chunks, results)
 
-    async def fetch_shards(self, shards: Sequence[ShardRef]) -> list[_Fetched]:
+    async def fetch_shards(
+        self, shards: Sequence[ShardRef], *, passing: Set[str] = frozenset()
+    ) -> list[_Fetched]:
         """Whole shards in one inner batch, each as a snapshot (an absent shard as
-        an empty one); a fetch of the same shard already under way is joined."""
+        an empty one); a fetch of the same shard already under way is joined. The
+        shards ``passing`` names are wanted whole by this read alone (all their
+        chunks): they pass through without entering the shard cache, so that a
+        bulk read does not push out what repeated reads keep there."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
         mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]] = []
@@ -237,24 +252,27 @@ class ShardReader:
                     mine.append((shard, future))
                 waits.append(future)
         if mine:
-            await self._fetch(loop, mine)
+            await self._fetch(loop, mine, passing)
         outcomes = [await future for future in waits]
         abandoned = [i for i, (snapshot, error) in enumerate(outcomes) if snapshot is None and error is None]
         if abandoned:  # the fetch we joined was cancelled: fetch those ourselves
-            again = await self.fetch_shards([shards[i] for i in abandoned])
+            again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing)
             for i, outcome in zip(abandoned, again, strict=True):
                 outcomes[i] = outcome
         return outcomes
 
     async def _fetch(
-        self, loop: asyncio.AbstractEventLoop, mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]],
+        passing: Set[str],
     ) -> None:
         sent = time.monotonic()
         outcomes: list[_Fetched] = [(None, None)] * len(mine)
         try:
             raws = await self._inner.get_many_versioned([(s.key, None) for s, _ in mine], [None] * len(mine))
             outcomes = [
-                self._snapshot(shard, raw, version, sent)
+                self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
                 for (shard, _), (raw, version) in zip(mine, raws, strict=True)
             ]
         except Exception as exc:
@@ -266,8 +284,9 @@ class ShardReader:
                     future.set_result(outcome)
 
     def _snapshot(
-        self, shard: ShardRef, raw: bytes | None, version: Hashable | None, sent: float
+        self, shard: ShardRef, raw: bytes | None, version: Hashable | None, sent: float, *, keep: bool = True
     ) -> _Fetched:
+        """The shard as fetched; cached unless not ``keep`` (its index is, either way)."""
         fmt = shard.shard_format
         try:
             table = fmt.empty_table() if raw is None else fmt.parse(raw, shard.key)
@@ -275,7 +294,8 @@ class ShardReader:
             return None, exc
         snapshot = ShardSnapshot(b"" if raw is None else raw, table, sent, version)
         if self._indices.cacheable(shard.key, sent):
-            self._shards.put(shard.key, snapshot)
+            if keep:
+                self._shards.put(shard.key, snapshot)
             if raw is not None and fmt.one_index:  # its table is its one index
                 self._indices.keep(shard, 0, table, version, sent)
         return snapshot, None
