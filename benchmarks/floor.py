@@ -3,7 +3,7 @@ ShardingCodec, unsharded zarr and tensorstore, on the same data, in one run.
 
 Backends: a local directory, and an S3 API (moto_server on 127.0.0.1 behind a
 counting proxy, shardstore.testing.s3) with --latency-ms added to every request
-(default 20; 0 allowed). Data: float32.
+(default 20; 0 allowed). Data: float32 (tiny: uint8).
 
   main   --size x --size (2048; 1024 with --quick; a multiple of 512), chunks
          64 x 64, 8 x 8 chunks per shard, zstd (zarr's default "auto"
@@ -17,6 +17,10 @@ counting proxy, shardstore.testing.s3) with --latency-ms added to every request
   cube   3-d, (size/8)^3 (64 MiB; 8 MiB with --quick), chunks 64^3 (1 MiB),
          2 x 2 x 2 per shard, zstd: whole read and write, where decoding
          dominates.
+  tiny   local only: 2048 x 2048 uint8 (1024 with --quick), chunks 8 x 8 (64
+         bytes: 65,536 chunks; 16,384 with --quick), 8 x 8 per shard,
+         uncompressed: whole read and write, where per-chunk machinery is all
+         there is.
 
 Workloads (each through a newly opened store unless said otherwise):
 
@@ -34,7 +38,12 @@ Workloads (each through a newly opened store unless said otherwise):
                      "-" for the others; its "vs codec" is against the codec's
                      whole write)
 
-Variants (rows): "unsharded" zarr; "codec" (zarr's ShardingCodec, `shards=`);
+Variants (rows): "zarr per-chunk" (zarr's own per-chunk cost, the floor every
+unmodified zarr array pays: the unsharded array through a pipeline that only
+iterates the chunks zarr hands it, reading and writing nothing; slab, whole
+read and whole write); "unsharded" zarr; "codec" (zarr's ShardingCodec, `shards=`);
+"zarr fused" (the codec copy through zarr 3.4's `FusedCodecPipeline`; its
+requests are not counted);
 "zarrs" (the codec copy through zarrs-python's Rust pipeline,
 `codec_pipeline.path = "zarrs.ZarrsCodecPipeline"`); "tensorstore" (zarr3
 driver on the codec copy; its writes go to a zarr3 sharded array created by
@@ -88,6 +97,8 @@ import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
+from zarr.core.codec_pipeline import BatchedCodecPipeline
+from zarr.registry import register_pipeline
 from zarr.storage import FsspecStore, LocalStore
 
 from shardstore import ShardingStore
@@ -107,6 +118,26 @@ try:
 except ImportError:  # a test extra only
     zarrs = None
 ZARRS_PATH = "zarrs.ZarrsCodecPipeline"
+FUSED_PATH = "zarr.core.codec_pipeline.FusedCodecPipeline"  # zarr 3.4+
+
+
+class IterateOnlyPipeline(BatchedCodecPipeline):
+    """zarr's own per-chunk cost: a pipeline that touches each chunk zarr hands it once
+    (indexer, StorePath, chunk spec all made) and reads, decodes, encodes and writes
+    nothing. What an unmodified zarr array pays before any pipeline works."""
+
+    async def read(self, batch_info: Any, out: Any, drop_axes: tuple[int, ...] = ()) -> Any:
+        for _ in batch_info:
+            pass
+        return ()
+
+    async def write(self, batch_info: Any, value: Any, drop_axes: tuple[int, ...] = ()) -> None:
+        for _ in batch_info:
+            pass
+
+
+register_pipeline(IterateOnlyPipeline)
+ITERATE_PATH = f"{IterateOnlyPipeline.__module__}.{IterateOnlyPipeline.__qualname__}"
 
 MiB = 2**20
 Counts = tuple[int, int, int]  # requests, bytes read, bytes written
@@ -123,6 +154,19 @@ class Dataset:
     cps: tuple[int, ...]
     compressors: Any
     workloads: tuple[str, ...]
+    dtype: str = "f4"
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def sample(self, seed: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """Random values of the dataset's type (of its shape, unless ``shape`` is given)."""
+        rng = np.random.default_rng(seed)
+        shape = self.shape if shape is None else shape
+        if np.dtype(self.dtype).kind == "f":
+            return rng.standard_normal(shape).astype(self.dtype)
+        return rng.integers(0, 256, shape).astype(self.dtype)
 
     @property
     def shard(self) -> tuple[int, ...]:
@@ -132,11 +176,13 @@ class Dataset:
         def dims(t: tuple[int, ...]) -> str:
             return "x".join(map(str, t))
 
-        kib = math.prod(self.chunks) * 4 // 1024
+        chunk = math.prod(self.chunks) * self.itemsize
+        size = f"{chunk // 1024} KiB" if chunk >= 1024 else f"{chunk} bytes"
         return (
-            f"{self.name}: {dims(self.shape)} float32 ({math.prod(self.shape) * 4 / MiB:g} MiB), "
-            f"chunks {dims(self.chunks)} ({kib} KiB), {dims(self.cps)} chunks/shard "
-            f"({kib * math.prod(self.cps) / 1024:g} MiB), {'zstd' if self.compressors else 'none'}"
+            f"{self.name}: {dims(self.shape)} {np.dtype(self.dtype).name} "
+            f"({math.prod(self.shape) * self.itemsize / MiB:g} MiB), chunks {dims(self.chunks)} ({size}, "
+            f"{math.prod(self.shape) // math.prod(self.chunks)} chunks), {dims(self.cps)} chunks/shard "
+            f"({chunk * math.prod(self.cps) / MiB:g} MiB), {'zstd' if self.compressors else 'none'}"
         )
 
     def chunk(self, i: int, j: int) -> Sel:
@@ -169,7 +215,10 @@ class Variant:
 
 
 def variants() -> list[Variant]:
-    out = [Variant("unsharded", "unsharded"), Variant("codec", "codec")]
+    out = [Variant("zarr per-chunk", "unsharded", tool="iterate", pipeline=ITERATE_PATH)]
+    out += [Variant("unsharded", "unsharded"), Variant("codec", "codec")]
+    if hasattr(zarr.core.codec_pipeline, "FusedCodecPipeline"):
+        out.append(Variant("zarr fused", "codec", pipeline=FUSED_PATH))
     if zarrs is not None:
         out.append(Variant("zarrs", "codec", tool="zarrs", pipeline=ZARRS_PATH))
     if tensorstore is not None:
@@ -218,7 +267,7 @@ class FloorArray:
     def __getitem__(self, sel: Any) -> np.ndarray:
         rows = sel[0] if isinstance(sel, tuple) else sel
         first, stop, _ = rows.indices(self.ds.shape[0])
-        out = np.zeros((stop - first, *self.ds.shape[1:]), dtype="f4")
+        out = np.zeros((stop - first, *self.ds.shape[1:]), dtype=self.ds.dtype)
         for shard in self._shards(rows):
             with open(self._path(shard), "rb") as f:
                 raw = f.read()
@@ -230,7 +279,7 @@ class FloorArray:
                 if lo >= hi or offset == self.MISSING:
                     continue
                 data = raw[offset : offset + nbytes]
-                chunk = np.frombuffer(self.codec.decode(data) if self.codec else data, "f4")
+                chunk = np.frombuffer(self.codec.decode(data) if self.codec else data, self.ds.dtype)
                 chunk = chunk.reshape(self.ds.chunks)[lo - region[0].start : hi - region[0].start]
                 out[(slice(lo - first, hi - first), *region[1:])] = chunk
         return out
@@ -256,6 +305,7 @@ class FloorArray:
 
 
 FLOOR_WORKLOADS = ("slab", "whole read", "whole write", "overwrite")
+ITERATE_WORKLOADS = ("slab", "whole read", "whole write")
 
 
 class PeakMemory:
@@ -339,8 +389,8 @@ class LocalBackend:
     def meter(self, v: Variant, path: str) -> Callable[[], Counts] | None:
         if v.tool == "tensorstore":
             return _ts_file_counts if hasattr(tensorstore, "experimental_collect_matching_metrics") else None
-        if v.tool in ("zarrs", "floor"):
-            return None
+        if v.tool in ("zarrs", "floor", "iterate") or v.pipeline == FUSED_PATH:
+            return None  # (zarr's fused pipeline reads and writes by get_sync/set_sync: not counted)
 
         def counts() -> Counts:
             c = self._counted(v.layout, path).counts
@@ -429,7 +479,7 @@ def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, A
         shape=ds.shape,
         chunks=ds.chunks,
         shards=ds.shard if v.layout == "codec" else None,
-        dtype="f4",
+        dtype=ds.dtype,
         compressors=ds.compressors,
     )
     return open_array(b, v, ds, path) if v.tool in ("tensorstore", "floor") else (arr, store)
@@ -500,6 +550,8 @@ def setup(job: Job, v: Variant, workload: str) -> Timed:
     if workload in ("slab", "whole read"):
         arr = open_array(b, v, ds, copy)[0]
         rows = ds.chunk(ds.shape[0] // ds.chunks[0] // 2, 0)[0] if workload == "slab" else slice(None)
+        if v.tool == "iterate":  # it reads nothing: there is nothing to check
+            return Timed(lambda: arr[rows], 1, copy)
         return Timed(lambda: _same(arr[rows], data[rows]), 1, copy)
 
     def check(path: str, want: np.ndarray) -> Callable[[], None]:
@@ -524,7 +576,7 @@ def setup(job: Job, v: Variant, workload: str) -> Timed:
             raise RuntimeError("no array to update: its whole write failed")
         path = job.written[v.name]
         arr = open_array(b, v, ds, path)[0]
-        values = np.random.default_rng(3).standard_normal((len(job.updates), *ds.chunks)).astype("f4")
+        values = ds.sample(3, (len(job.updates), *ds.chunks))
         want = data.copy()
         for sel, value in zip(job.updates, values, strict=True):
             want[sel] = value
@@ -544,10 +596,12 @@ def setup(job: Job, v: Variant, workload: str) -> Timed:
         with store.batch() if workload == "whole write batch" else contextlib.nullcontext():
             arr[:] = data
 
-    return Timed(write, 1, path, check(path, data))
+    return Timed(write, 1, path, None if v.tool == "iterate" else check(path, data))
 
 
 def applies(b: Backend, v: Variant, workload: str) -> bool:
+    if v.tool == "iterate":
+        return workload in ITERATE_WORKLOADS
     if v.tool == "floor":
         return isinstance(b, LocalBackend) and workload in FLOOR_WORKLOADS
     if workload == "whole write batch":
@@ -598,7 +652,7 @@ def write_copies(b: Backend, ds: Dataset, data: np.ndarray) -> dict[str, str]:
 
 
 def run(b: Backend, ds: Dataset, n_reads: int, n_updates: int, repeats: int) -> list[Cell]:
-    data = np.random.default_rng(0).standard_normal(ds.shape).astype("f4")
+    data = ds.sample(0)
     job = Job(b, ds, data, write_copies(b, ds, data), ds.picks(n_reads, 1), ds.picks(n_updates, 2))
     return [measure(job, v, w, repeats) for w in ds.workloads for v in variants()]
 
@@ -680,6 +734,10 @@ def main() -> None:
             (raw_ds, 0, 0, 0, 0),
             (cube_ds, 0, 0, 0, 0),
         ]
+    # 64-byte chunks (65,536 of them; 16,384 with --quick), where per-chunk machinery is
+    # all there is: local files only (on S3, one request per unsharded chunk is minutes)
+    tiny = (1024, 1024) if args.quick else (2048, 2048)
+    tiny_ds = Dataset("tiny", tiny, (8, 8), (8, 8), None, ("whole read", "whole write"), dtype="u1")
     print(
         f"# floor benchmark: zarr {zarr.__version__} (async.concurrency "
         f"{zarr.config.get('async.concurrency')}), tensorstore {'yes' if tensorstore else 'not installed'}"
@@ -688,7 +746,7 @@ def main() -> None:
     if args.only != "s3":
         with tempfile.TemporaryDirectory() as tmp:
             local = LocalBackend(tmp)
-            for ds, n, m, _, _ in plan:
+            for ds, n, m, _, _ in [*plan, (tiny_ds, 0, 0, 0, 0)]:
                 report(local, ds, run(local, ds, n, m, repeats), n, m, repeats)
     if args.only != "local":
         os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's
