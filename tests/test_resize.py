@@ -15,7 +15,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,11 @@ def test_renumbered_says_whether_a_common_position_changes_id(grids: tuple[list[
     assert renumbered(old, new) == bool(moved)
 
 
-def _array(tmp_path: Path, **options: Any) -> tuple[zarr.Array, np.ndarray]:
-    store = ShardingStore(str(tmp_path / "s"), chunks_per_shard=SHARDING, **options)
+def _array(where: Path | MutableMapping[str, bytes], **options: Any) -> tuple[zarr.Array, np.ndarray]:
+    """The array "a", (32, 128) int32 in 16 x 16 chunks, filled: in local files below the
+    directory ``where``, or in the mapping ``where``."""
+    inner = str(where / "s") if isinstance(where, Path) else where
+    store = ShardingStore(inner, chunks_per_shard=SHARDING, **options)
     arr = zarr.create_array(store, name="a", shape=(32, 128), chunks=(16, 16), dtype="i4")
     data = sample((32, 128), "i4")
     arr[:] = data
@@ -250,6 +253,13 @@ def test_a_resize_killed_at_any_step_leaves_the_old_array_or_the_new_one(new_sha
     assert outcomes == {(32, 128), new_shape}
 
 
+def _on_a_thread_of_its_own(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end on another thread and event loop: another store's."""
+    worker = threading.Thread(target=asyncio.run, args=(work,))
+    worker.start()
+    worker.join()
+
+
 class _WritesDuringCopy(dict[str, bytes]):
     """A mapping where another store (its own thread and event loop, the old metadata)
     copies chunk (0, 0) over chunk ``chunk`` while the first new shard of a
@@ -264,9 +274,7 @@ class _WritesDuringCopy(dict[str, bytes]):
         super().__setitem__(key, value)
         if "/ids-" in key and not self.fired:
             self.fired = True
-            worker = threading.Thread(target=asyncio.run, args=(self._write(),))
-            worker.start()
-            worker.join()
+            _on_a_thread_of_its_own(self._write())
 
     async def _write(self) -> None:
         other = ShardingStore(self)
@@ -278,15 +286,7 @@ class _WritesDuringCopy(dict[str, bytes]):
 
 def test_a_chunk_written_by_another_store_during_the_copy_is_kept() -> None:
     inner = _WritesDuringCopy("a/c/1/6")
-    arr = zarr.create_array(
-        ShardingStore(inner, chunks_per_shard=SHARDING),
-        name="a",
-        shape=(32, 128),
-        chunks=(16, 16),
-        dtype="i4",
-    )
-    data = sample((32, 128), "i4")
-    arr[:] = data
+    arr, data = _array(inner)
     arr.resize((200, 128))
     assert inner.fired
     expected = np.zeros((200, 128), dtype="i4")
@@ -310,9 +310,7 @@ class _ResizedMeanwhile(dict[str, bytes]):
     def __iter__(self) -> Iterator[str]:
         if self.armed:
             self.armed = False
-            worker = threading.Thread(target=asyncio.run, args=(self._resize(),))
-            worker.start()
-            worker.join()
+            _on_a_thread_of_its_own(self._resize())
         return super().__iter__()
 
     async def _resize(self) -> None:
@@ -324,15 +322,7 @@ def test_a_resize_that_finds_its_chunks_moved_by_another_resize_starts_again_fro
     """It read the array's metadata, then listed no old shards (the other resize had
     moved them): committing the old, empty place would lose every chunk."""
     inner = _ResizedMeanwhile((200, 128))
-    arr = zarr.create_array(
-        ShardingStore(inner, chunks_per_shard=SHARDING),
-        name="a",
-        shape=(32, 128),
-        chunks=(16, 16),
-        dtype="i4",
-    )
-    data = sample((32, 128), "i4")
-    arr[:] = data
+    arr, data = _array(inner)
     inner.armed = True
     arr.resize((64, 128))
     assert not inner.armed, "the other resize ran"
@@ -356,14 +346,7 @@ class _NeverQuiet(dict[str, bytes]):
 
 def test_other_writers_that_never_stop_end_in_a_conflict_and_no_change() -> None:
     inner = _NeverQuiet()
-    arr = zarr.create_array(
-        ShardingStore(inner, chunks_per_shard=SHARDING, write_attempts=3),
-        name="a",
-        shape=(32, 128),
-        chunks=(16, 16),
-        dtype="i4",
-    )
-    arr[:] = sample((32, 128), "i4")
+    arr, _ = _array(inner, write_attempts=3)
     before = inner["a/zarr.json"]
     with pytest.raises(ShardConflictError, match=r"'a'.*3 attempts"):
         arr.resize((200, 128))
