@@ -42,6 +42,11 @@ def is_icechunk(store: object) -> bool:
     )
 
 
+def _refused_prefix(exc: Exception) -> bool:
+    """Whether Icechunk refused to list a prefix that is no group or array."""
+    return "bad key prefix" in str(exc)
+
+
 class IcechunkInner(ZarrInner):
     """The store of an Icechunk session or of a fork of one."""
 
@@ -78,7 +83,7 @@ class IcechunkInner(ZarrInner):
             try:
                 keys = [key async for key in self.store.list_prefix(prefix)]
             except Exception as exc:
-                if "bad key prefix" not in str(exc):
+                if not _refused_prefix(exc):
                     raise
                 keys = await self._listed_from_above(prefix)
         for key in keys:
@@ -94,7 +99,7 @@ class IcechunkInner(ZarrInner):
             try:
                 return [key async for key in self.store.list_prefix(above) if key.startswith(prefix)]
             except Exception as exc:
-                if "bad key prefix" not in str(exc):
+                if not _refused_prefix(exc):
                     raise
         return []
 
