@@ -99,6 +99,12 @@ class ChunkCodec:
     compressors: tuple[Any, ...]
     checksum: bool
 
+    @property
+    def raw(self) -> bool:
+        """Whether a chunk is stored as its elements in C order, nothing else: then the
+        chunks of a shard are slices of its bytes."""
+        return not (self.compressors or self.checksum or self.fortran or self.transpose is not None)
+
     def decode(self, stored: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         """A chunk's array from its stored bytes (read-only where it could be a view).
         Raises ValueError on damage; the caller then lets zarr's codecs say what."""

@@ -4,7 +4,7 @@ else. A store hands it out as ``store.internals``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardstore.addressing import ChunkAddress, ShardAddress
@@ -14,8 +14,9 @@ from shardstore.inner import InnerStore
 from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
+from shardstore.reading.cache import ShardSnapshot
 from shardstore.reading.reader import ShardReader
-from shardstore.routing import KeyRouter
+from shardstore.routing import KeyRouter, RoutedChunks
 from shardstore.writing.writer import ShardWriter
 
 __all__ = ["StoreInternals"]
@@ -34,7 +35,8 @@ class StoreInternals:
     _writer: ShardWriter
     _lister: ShardLister
     _router: KeyRouter
-    _check_writable: Callable[[], None]
+    _check_writable: Callable[[Sequence[str]], None]
+    """Raises ReadOnlyError, naming the first of the keys a refused write would write."""
     fetch_concurrency: int
     """Shards one read or write of many chunks works on at once (the store's option)."""
 
@@ -55,13 +57,38 @@ class StoreInternals:
 
     async def compact_shard(self, shard: ShardAddress) -> None:
         """Rewrite one shard compactly (dropping dead bytes), as a commit."""
-        self._check_writable()
+        self._check_writable(())
         await self._writer.compact(shard)
 
     async def shard_key_of(self, key: str) -> str | None:
         """The shard object a chunk key is stored in (None: not a chunk of a sharded array)."""
         where = await self._router.route(key)
         return where.shard.key if isinstance(where, ChunkAddress) else None
+
+    async def route_chunks(self, keys: Sequence[str], *, writing: bool = False) -> RoutedChunks | None:
+        """Many chunk keys of one sharded array routed at once (see
+        :meth:`KeyRouter.route_many`), to read or to write; None where they must be
+        read or written key by key through the store, also while a ``batch()`` is
+        open (reads see its buffered writes there). Raises ReadOnlyError for a write
+        to a read-only store."""
+        if writing:
+            self._check_writable(keys[:1])
+        if self._writer.buffering:
+            return None
+        return await self._router.route_many(keys)
+
+    async def write_shards(self, updates: Sequence[tuple[ShardAddress, dict[int, bytes | None]]]) -> None:
+        """New values (None: erase) of chunks of several shards by place, one commit per
+        shard, concurrently; done when all are durable (a shard whose every chunk is
+        given is written without reading it)."""
+        await self._writer.write_all(
+            {shard.key: (shard, {place: [value] for place, value in values.items()}) for shard, values in updates}
+        )
+
+    async def read_shards(self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]]) -> list[ShardSnapshot]:
+        """The shards of a read of many chunks, as snapshots holding the places wanted
+        of each (see :meth:`ShardReader.read_shards`)."""
+        return await self._reader.read_shards(wanted)
 
     async def array_at(self, path: str) -> ArrayInfo | None:
         """What the store knows of the array at ``path`` (None: no array there)."""
@@ -73,7 +100,7 @@ class StoreInternals:
 
     async def metadata_written(self, key: str, raw: bytes) -> None:
         """Write a metadata document exactly as given (tools that rewrite one do)."""
-        self._check_writable()
+        self._check_writable(())
         await self._metadata.write_as_is(key, raw)
 
     def check_new_array(self, key: str, raw: bytes) -> None:

@@ -9,9 +9,12 @@ encoding of the coordinates floor-divided by ``chunks_per_shard``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import InvalidKeyError
@@ -30,6 +33,9 @@ INTEGER = re.compile(r"0|[1-9][0-9]*")
 """A canonical non-negative integer, as chunk key encodings spell coordinates."""
 _INTS = {sep: re.compile(rf"(?:0|[1-9][0-9]*)(?:{re.escape(sep)}(?:0|[1-9][0-9]*))*") for sep in "/."}
 """Canonical integers joined by each separator: a whole tail checked in one match."""
+_DIGITS_OR_NEWLINES = re.compile(r"[0-9\n]*")
+_POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)
+"""Where a non-negative int64 gains a digit: ``searchsorted`` counts its digits less one."""
 _DOTTED = re.compile(r"(?:c|0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 _DRAFT_FIRST = re.compile(r"c(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 
@@ -105,6 +111,38 @@ class ChunkKeyGrammar:
         if ndim == 0 and self.kind == "v2":
             return () if coords == (0,) else None
         return coords if coords is not None and len(coords) == ndim else None
+
+    def decode_many(self, keys: Sequence[str], prefix: str, ndim: int) -> npt.NDArray[np.int64] | None:
+        """Coordinates (one row per key) of many chunk keys of one array whose keys start
+        with ``prefix`` (its path and ``/``), decoded at once; None unless every key is
+        this encoding's canonical key of rank ``ndim`` (the caller then decodes them
+        one by one). A key zarr makes costs a fraction of a microsecond here, where
+        decoding it alone costs several."""
+        lead = prefix + self.common_prefix(ndim)
+        if ndim == 0 or not keys:
+            return None
+        body = "\n".join(keys)
+        if not body.startswith(lead) or body.count("\n" + lead) != len(keys) - 1:
+            return None  # (a key that does not start with the lead leaves one fewer)
+        numbers = body.replace("\n" + lead, "\n")[len(lead) :].replace(self.separator, "\n")
+        if (
+            _DIGITS_OR_NEWLINES.fullmatch(numbers) is None
+            or "\n\n" in numbers
+            or numbers.startswith("\n")
+            or numbers.endswith("\n")
+        ):
+            return None
+        flat = np.fromstring(numbers, dtype=np.int64, sep="\n")  # digits only: parses whole
+        if flat.size != len(keys) * ndim:
+            return None
+        coords = flat.reshape(len(keys), ndim)
+        # Canonical keys only (no leading zeros), each with exactly ``ndim`` numbers: a
+        # key's length is the lead, its numbers' digits and the separators between them.
+        digits = np.searchsorted(_POWERS_OF_TEN, coords, side="right") + 1
+        lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        if not np.array_equal(lengths, len(lead) + digits.sum(axis=1) + (ndim - 1)):
+            return None
+        return coords
 
     def common_prefix(self, ndim: int) -> str:
         """The prefix every chunk key of an array of that rank starts with."""

@@ -56,9 +56,21 @@ from zarr.core.indexing import SelectorTuple
 from zarr.registry import register_pipeline
 from zarr.storage import StorePath
 
+from shardstore.addressing import ShardAddress
+from shardstore.blocks import shard_origins
 from shardstore.chunk_codecs import ChunkCodec, chunk_codec
+from shardstore.chunk_work import (
+    REPORTS,
+    ShardPart,
+    encode_shards,
+    merge_and_encode,
+    scatter_chunks,
+    scatter_shards,
+)
 from shardstore.default_pipeline import PIPELINE_PATH, become_default
 from shardstore.errors import ShardingConfigError
+from shardstore.reading.cache import ShardSnapshot
+from shardstore.routing import RoutedChunks
 from shardstore.store import ShardingStore
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
@@ -170,9 +182,12 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             if other is not None:
                 return await other.read(chunks, out, drop_axes)
             return await super().read(chunks, out, drop_axes)
+        codec = _direct(self, chunks, out)
+        routed = None if codec is None else await store.internals.route_chunks(_paths(chunks))
+        if codec is not None and routed is not None:
+            return await self._read_shards(store, chunks, routed, codec, out, drop_axes)
         groups = await _by_shard(store, chunks)
         results: list[Any] = [None] * len(chunks)
-        codec = _direct(self, chunks, out)
 
         def read_ahead(i: int) -> asyncio.Future[dict[int, _Held]] | None:
             if i == len(groups):
@@ -193,7 +208,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     reports: list[Any] = [None] * len(items)
                     failed: list[int] = []
                     scatter = functools.partial(
-                        _scatter, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
+                        scatter_chunks, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
                     )
                     await _in_parallel(scatter, len(items))
                     if failed:  # zarr's codecs decode them, or say what is wrong
@@ -207,12 +222,58 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             await _settle(ahead)
         return tuple(results) if None not in results else None
 
+    async def _read_shards(
+        self,
+        store: ShardingStore,
+        chunks: Sequence[ChunkInfo],
+        routed: RoutedChunks,
+        codec: ChunkCodec,
+        out: NDBuffer,
+        drop_axes: tuple[int, ...],
+    ) -> Any:
+        """:meth:`read` of chunks routed at once: shard by shard, each shard's chunks
+        decoded from its snapshot straight into ``out`` by a thread per core (a shard
+        stored raw that fills a block of ``out`` is copied there in one operation)."""
+        internals = store.internals
+        members = _members(routed)
+        origins = _origins(chunks, routed, drop_axes)
+        results: list[Any] = [None] * len(chunks)
+        groups = _groups(len(members), internals.fetch_concurrency)
+
+        def read_ahead(i: int) -> asyncio.Future[list[ShardSnapshot]] | None:
+            if i == len(groups):
+                return None
+            return asyncio.ensure_future(internals.read_shards(_wanted(chunks, routed, members, groups[i])))
+
+        ahead = read_ahead(0)
+        try:
+            for i, group in enumerate(groups):
+                assert ahead is not None
+                snapshots = await ahead
+                ahead = read_ahead(i + 1)  # the next group's read under way while this one decodes
+                parts = _parts(routed, members, origins, group, snapshots)
+                del snapshots  # (a shard's bytes go once its chunks are decoded)
+                failed: list[tuple[int, bytes | None]] = []
+                scatter = functools.partial(
+                    scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
+                    reports=results, failed=failed,
+                )  # fmt: skip
+                await _in_parallel(scatter, len(parts))
+                del parts
+                if failed:  # zarr's codecs decode them, or say what is wrong
+                    redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
+                    for (n, _), result in zip(failed, redone or (), strict=False):
+                        results[n] = result
+        finally:
+            await _settle(ahead)
+        return tuple(results) if REPORTS else None
+
     async def write(
         self, batch_info: Iterable[ChunkInfo], value: NDBuffer, drop_axes: tuple[int, ...] = ()
     ) -> None:
         """Write the chunks of a selection from ``value``: on a ShardingStore each shard's
-        chunks are encoded together and committed once (``set_many``); elsewhere the
-        fallback pipeline writes them."""
+        chunks are encoded together and committed once; elsewhere the fallback
+        pipeline writes them."""
         chunks = list(batch_info)
         store = _sharding_store(chunks, self)
         if store is None:
@@ -223,6 +284,10 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await super().write(chunks, value, drop_axes)
             return
         codec = _direct(self, chunks, value)
+        routed = None if codec is None else await store.internals.route_chunks(_paths(chunks), writing=True)
+        if codec is not None and routed is not None:
+            await self._write_shards(store, chunks, routed, codec, value, drop_axes)
+            return
 
         async def encoded(group: list[int]) -> list[tuple[str, Buffer | bytes | None]]:
             """The group's new chunk values (None: delete), encoded straight from the
@@ -232,7 +297,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             new: list[bytes | Exception | None] = [None] * len(items)
             if codec is not None:
                 merge = functools.partial(
-                    _merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=new
+                    merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=new
                 )
                 await _in_parallel(merge, len(items))
             if codec is None or any(isinstance(e, Exception) for e in new):
@@ -256,6 +321,60 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         finally:
             await _settle(ahead)
 
+    async def _write_shards(
+        self,
+        store: ShardingStore,
+        chunks: Sequence[ChunkInfo],
+        routed: RoutedChunks,
+        codec: ChunkCodec,
+        value: NDBuffer,
+        drop_axes: tuple[int, ...],
+    ) -> None:
+        """:meth:`write` of chunks routed at once: shard by shard, the chunks covered in
+        part read first (one batch per group), each shard's chunks encoded from
+        ``value`` by a thread per core (a shard stored raw that is a whole block of
+        the value cut out in one copy), each shard committed once; the next group
+        encodes while this one commits."""
+        internals = store.internals
+        members = _members(routed)
+        origins = _origins(chunks, routed, drop_axes)
+        groups = _groups(len(members), internals.fetch_concurrency)
+
+        async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any]]]:
+            partial = [s for s in group if not all(chunks[n][4] for n in members[s].tolist())]
+            read = await internals.read_shards(_wanted(chunks, routed, members, partial)) if partial else []
+            snapshots = dict(zip(partial, read, strict=True))
+            parts = _parts(routed, members, origins, group, [snapshots.get(s) for s in group])
+            new: list[dict[int, Any]] = [{} for _ in parts]
+            failed: list[tuple[int, bytes | None]] = []
+            encode = functools.partial(
+                encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
+                encoded=new, failed=failed,
+            )  # fmt: skip
+            await _in_parallel(encode, len(parts))
+            if failed:  # zarr's codecs merge and encode them, or say what is wrong
+                items = _held_items(chunks, failed)
+                await self.write_batch(items, value, drop_axes)
+                where = {n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()}
+                for (n, _), (held, *_) in zip(failed, items, strict=True):
+                    for _, written in held.written:
+                        k, place = where[n]
+                        new[k][place] = None if written is None else written.to_bytes()
+            return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
+
+        ahead: asyncio.Future[list[tuple[ShardAddress, dict[int, Any]]]] | None
+        ahead = asyncio.ensure_future(encoded(groups[0]))
+        try:
+            for i in range(len(groups)):
+                assert ahead is not None
+                ready = await ahead
+                # the next group encodes while this one commits (two groups in memory at most)
+                ahead = asyncio.ensure_future(encoded(groups[i + 1])) if i + 1 < len(groups) else None
+                await internals.write_shards(ready)
+                del ready
+        finally:
+            await _settle(ahead)
+
 
 async def _settle(pending: asyncio.Future[Any] | None) -> None:
     """Cancels work started ahead that is no longer wanted and waits for it to end, so
@@ -269,10 +388,6 @@ async def _settle(pending: asyncio.Future[Any] | None) -> None:
     pending.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await pending
-
-
-_REPORTS = hasattr(zarr.abc.codec, "GetResult")
-"""zarr 3.4 and later want each chunk's read reported as present or missing."""
 
 
 def _direct(
@@ -299,81 +414,74 @@ async def _in_parallel(work: Callable[[range], None], n: int) -> None:
         raise
 
 
-def _scatter(
-    codec: ChunkCodec,
-    items: list[tuple[Any, ...]],
-    part: range,
-    out: NDBuffer,
-    drop_axes: tuple[int, ...],
-    reports: list[Any],
-    failed: list[int],
-) -> None:
-    """Decode the held chunks ``part`` of ``items`` into ``out`` (the fill value where
-    absent), each one's report as zarr wants it into ``reports``; the places of those
-    that do not decode into ``failed``."""
-    target = out.as_ndarray_like()
-    for k in part:
-        held, spec, chunk_selection, out_selection, _ = items[k]
-        if held.value is None:
-            target[out_selection] = spec.fill_value
-            reports[k] = {"status": "missing"} if _REPORTS else None
-            continue
-        try:
-            chunk = codec.decode(held.value.as_numpy_array(), spec.shape)
-        except Exception:
-            failed.append(k)
-            continue
-        piece = chunk[chunk_selection]
-        target[out_selection] = piece.squeeze(axis=drop_axes) if drop_axes else piece
-        reports[k] = {"status": "present"} if _REPORTS else None
+def _paths(chunks: Sequence[ChunkInfo]) -> list[str]:
+    return [getter.path for getter, *_ in chunks]
 
 
-def _merge_and_encode(
-    codec: ChunkCodec,
-    items: list[tuple[Any, ...]],
-    part: range,
-    value: NDBuffer,
-    drop_axes: tuple[int, ...],
-    encoded: list[bytes | Exception | None],
-) -> None:
-    """The new bytes of the chunks ``part`` of ``items`` (None: zarr would store none)
-    from ``value`` and, for a chunk covered in part, its held bytes; the error
-    instead where those do not decode."""
-    source = value.as_ndarray_like()
-    assert isinstance(source, np.ndarray)  # as _direct checked
-    for k in part:
-        held, spec, chunk_selection, out_selection, complete = items[k]
-        piece = source if source.shape == () else source[out_selection]
-        if drop_axes:
-            piece = piece[tuple(None if i in drop_axes else slice(None) for i in range(len(spec.shape)))]
-        if complete and piece.shape == tuple(spec.shape):
-            chunk = piece
-        elif held.value is None:
-            chunk = np.full(spec.shape, spec.fill_value, dtype=codec.dtype.newbyteorder("="))
-            chunk[chunk_selection] = piece
-        else:
-            try:
-                chunk = codec.decode(held.value.as_numpy_array(), spec.shape).copy()
-            except Exception as exc:
-                encoded[k] = exc
-                continue
-            chunk[chunk_selection] = piece
-        encoded[k] = None if _all_fill(chunk, spec) else codec.encode(chunk)
+def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
+    """Each shard's chunks (their places in the selection, in order)."""
+    order = np.argsort(routed.shard_of, kind="stable")
+    bounds = np.cumsum(np.bincount(routed.shard_of, minlength=len(routed.shards)))[:-1]
+    return np.split(order, bounds)
 
 
-def _all_fill(chunk: np.ndarray[Any, Any], spec: ArraySpec) -> bool:
-    """Whether zarr would store no chunk for these values: ``write_empty_chunks`` off
-    and every element the fill value, by zarr's own test (-0.0 is no 0.0); the
-    first element, or a sample, settles most chunks at once."""
-    if spec.config.write_empty_chunks:
-        return False
-    fill = spec.fill_value
-    first = chunk.flat[0] if chunk.size else fill
-    if not (first == fill or (first != first and fill != fill)):  # (NaN)
-        return False
-    if fill == fill and (chunk.flat[:: max(1, chunk.size // 61)] != fill).any():
-        return False  # a sample of the values differs (a data chunk that starts as the fill does)
-    return bool(spec.prototype.nd_buffer.from_ndarray_like(chunk).all_equal(fill))
+def _groups(n_shards: int, fetch_concurrency: int) -> list[range]:
+    """Shards in groups of half ``fetch_concurrency``: with one group read or encoded
+    ahead, ``fetch_concurrency`` shards at most are held at once."""
+    size = max(1, fetch_concurrency // 2)
+    return [range(i, min(i + size, n_shards)) for i in range(0, n_shards, size)]
+
+
+def _wanted(
+    chunks: Sequence[ChunkInfo], routed: RoutedChunks, members: list[Any], shards: Iterable[int]
+) -> list[tuple[ShardAddress, list[int], list[str]]]:
+    """What a read of the chunks of ``shards`` asks of the store."""
+    return [
+        (routed.shards[s], routed.places[members[s]].tolist(), [chunks[n][0].path for n in members[s].tolist()])
+        for s in shards
+    ]
+
+
+def _parts(
+    routed: RoutedChunks,
+    members: list[Any],
+    origins: np.ndarray[Any, np.dtype[np.int64]] | None,
+    group: range,
+    snapshots: Sequence[ShardSnapshot | None],
+) -> list[ShardPart]:
+    return [
+        (members[s], routed.places[members[s]], snapshot, None if origins is None else origins[s])
+        for s, snapshot in zip(group, snapshots, strict=True)
+    ]
+
+
+def _origins(
+    chunks: Sequence[ChunkInfo], routed: RoutedChunks, drop_axes: tuple[int, ...]
+) -> np.ndarray[Any, np.dtype[np.int64]] | None:
+    """Where each shard's block starts in the array read into or written from (-1: its
+    chunks are not its whole block there); None where the selection is no box of
+    whole chunks (index arrays, dropped axes, chunks cut by the selection, a grid of
+    several chunk shapes)."""
+    if drop_axes or routed.block is None or not all(info[4] for info in chunks):
+        return None
+    ndim = len(routed.block)
+    try:
+        starts = np.fromiter(
+            (s.start for info in chunks for s in info[3]), dtype=np.int64, count=len(chunks) * ndim
+        ).reshape(len(chunks), ndim)
+    except (AttributeError, TypeError, ValueError):  # an index array, not a slice
+        return None
+    shape = tuple(chunks[0][1].shape)
+    return shard_origins(starts, routed.places, routed.shard_of, len(routed.shards), routed.block, shape)
+
+
+def _held_items(chunks: Sequence[ChunkInfo], stored: list[tuple[int, bytes | None]]) -> list[tuple[Any, ...]]:
+    """Chunks with their stored bytes (None: absent) held, as zarr's codecs take them."""
+    prototype = chunks[0][1].prototype
+    return [
+        (_Held(chunks[n][0].path, None if raw is None else prototype.buffer.from_bytes(raw)), *chunks[n][1:])
+        for n, raw in stored
+    ]
 
 
 def _batched(pipeline: BatchedCodecPipeline) -> BatchedCodecPipeline:

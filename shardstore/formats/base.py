@@ -149,6 +149,13 @@ class ShardFormat(ABC):
         block of the grid, or a shard number) and the chunk's place in it (its index
         position, or its chunk id)."""
 
+    def locate_many(
+        self, coords: npt.NDArray[np.int64], grid_shape: tuple[int, ...]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        """:meth:`locate` of many chunks at once (``coords`` one row per chunk): their
+        shards (rows) and places; None where the format locates chunks one at a time."""
+        return None
+
     named_shards: ClassVar[bool] = False
     """Whether the format names its shard objects itself (:meth:`shard_file`, below the
     array's shard prefix); else a shard's key is the array's chunk key of its grid block."""

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence, Set
+from dataclasses import dataclass, field
 
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
@@ -61,6 +62,45 @@ def _covers(shard: ShardRef, positions: set[int]) -> bool:
     """Whether ``positions`` are every chunk of the shard inside the array."""
     places = shard.places_in_grid()
     return places is not None and len(positions) >= len(places) and positions.issuperset(places)
+
+
+@dataclass
+class _Ways:
+    """How a read serves each of its shards (by their places in the read): from the
+    cache (``cached[i]`` not None), revalidated (``recheck``: with the snapshot kept),
+    fetched whole (``whole``; those in ``passing`` not cached), or by ranges."""
+
+    cached: list[ShardSnapshot | None]
+    recheck: list[tuple[int, ShardSnapshot]]
+    whole: list[int]
+    passing: set[str]
+    ranged: list[int]
+    shards: list[ShardRef] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk of a shard read by :meth:`ShardReader.read_shards` (a ChunkRef)."""
+
+    key: str
+    shard: ShardRef
+    position: int
+
+
+def _gathered(
+    shard: ShardRef, places: list[int], values: Sequence[ChunkBytes | None], sent: float
+) -> ShardSnapshot:
+    """A snapshot holding just the chunks read of a shard (absent where None)."""
+    table = shard.shard_format.empty_table()
+    pieces: list[ChunkBytes] = []
+    offset = 0
+    for place, value in zip(places, values, strict=True):
+        if value is None:
+            continue
+        table[place] = (offset, len(value))  # (a row of an index array, or a dict entry)
+        pieces.append(value)
+        offset += len(value)
+    return ShardSnapshot(b"".join(pieces), table, sent)
 
 
 class ShardReader:
@@ -105,43 +145,98 @@ class ShardReader:
         by_shard: dict[str, list[int]] = {}
         for i, (chunk, _) in enumerate(chunks):
             by_shard.setdefault(chunk.shard.key, []).append(i)
-        whole: list[tuple[ShardRef, list[int]]] = []
-        passing: set[str] = set()
-        recheck: list[tuple[ShardRef, list[int], ShardSnapshot]] = []
-        ranged: list[int] = []
-        for key, members in by_shard.items():
-            shard = chunks[members[0]][0].shard
-            snapshot = self._cached(key)
+        members = list(by_shard.values())
+        ways = self._ways([(chunks[m[0]][0].shard, {chunks[i][0].position for i in m}) for m in members])
+        for snapshot, m in zip(ways.cached, members, strict=True):
             if snapshot is not None:
-                self._serve(snapshot, members, chunks, results)
-                continue
-            positions = {chunks[i][0].position for i in members}
-            if self._revalidate and (kept := self._shards.get(key)) is not None and kept.version is not None:
-                recheck.append((shard, members, kept))
-            elif self._wants_whole(shard, positions):
-                whole.append((shard, members))
-                if _covers(shard, positions):
-                    passing.add(key)
-            else:
-                ranged.extend(members)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "read %d chunk(s) of %d shard(s): %d from the shard cache, %d revalidated, "
-                "%d fetched whole, %d chunk(s) by index and ranges",
-                len(chunks),
-                len(by_shard),
-                len(by_shard) - len(whole) - len(recheck) - len({chunks[i][0].shard.key for i in ranged}),
-                len(recheck),
-                len(whole),
-                len(ranged),
-            )
-        rounds = [
-            self._read_whole(whole, chunks, results, passing) if whole else None,
-            self._revalidated(recheck, chunks, results) if recheck else None,
-            self._read_ranges(ranged, chunks, results) if ranged else None,
-        ]
+                self._serve(snapshot, m, chunks, results)
+
+        async def whole() -> None:
+            for snapshot, m in zip(await self._snapshots(ways), members, strict=True):
+                if snapshot is not None:  # (only those fetched or revalidated)
+                    self._serve(snapshot, m, chunks, results)
+
+        ranged = [i for s in ways.ranged for i in members[s]]
+        rounds = [whole() if ways.whole or ways.recheck else None]
+        rounds.append(self._read_ranges(ranged, chunks, results) if ranged else None)
         await gather(*(r for r in rounds if r is not None))
         return results
+
+    async def read_shards(self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]]) -> list[ShardSnapshot]:
+        """For a read that wants the places ``wanted[i][1]`` (chunk keys ``wanted[i][2]``,
+        named in errors) of each shard: the shards as snapshots, served as
+        :meth:`read_chunks` serves them, in one inner round (after one more for uncached
+        indices). A shard read by ranges comes as a snapshot of the wanted chunks alone,
+        not cached: the caller reads every chunk out of a snapshot alike."""
+        ways = self._ways([(shard, set(places)) for shard, places, _ in wanted])
+        got: list[ShardSnapshot | None] = list(ways.cached)
+
+        async def whole() -> None:
+            for i, snapshot in enumerate(await self._snapshots(ways)):
+                got[i] = got[i] or snapshot
+
+        async def ranges() -> None:
+            refs = [_Chunk(key, wanted[s][0], p) for s in ways.ranged for p, key in zip(*wanted[s][1:], strict=True)]
+            values: list[ChunkBytes | None] = [None] * len(refs)
+            await self._read_ranges(list(range(len(refs))), [(r, None) for r in refs], values)
+            sent, start = time.monotonic(), 0
+            for s in ways.ranged:
+                n = len(wanted[s][1])
+                got[s] = _gathered(wanted[s][0], wanted[s][1], values[start : start + n], sent)
+                start += n
+
+        rounds = [whole() if ways.whole or ways.recheck else None, ranges() if ways.ranged else None]
+        await gather(*(r for r in rounds if r is not None))
+        assert all(snapshot is not None for snapshot in got)
+        return got  # type: ignore[return-value]
+
+    def _ways(self, wanted: Sequence[tuple[ShardRef, Set[int]]]) -> _Ways:
+        """How each shard of a read is served, by the places wanted of it."""
+        ways = _Ways([self._cached(shard.key) for shard, _ in wanted], [], [], set(), [])
+        for i, (shard, positions) in enumerate(wanted):
+            if ways.cached[i] is not None:
+                continue
+            if self._revalidate and (kept := self._shards.get(shard.key)) is not None and kept.version is not None:
+                ways.recheck.append((i, kept))
+            elif self._wants_whole(shard, positions):
+                ways.whole.append(i)
+                if _covers(shard, positions):
+                    ways.passing.add(shard.key)
+            else:
+                ways.ranged.append(i)
+        ways.shards = [shard for shard, _ in wanted]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "read chunks of %d shard(s): %d from the shard cache, %d revalidated, %d fetched whole, "
+                "%d by index and ranges",
+                len(wanted),
+                len(wanted) - len(ways.whole) - len(ways.recheck) - len(ways.ranged),
+                len(ways.recheck),
+                len(ways.whole),
+                len(ways.ranged),
+            )
+        return ways
+
+    async def _snapshots(self, ways: _Ways) -> list[ShardSnapshot | None]:
+        """The shards ``ways`` fetches whole or revalidates, fetched in one round (None
+        for the others)."""
+        got: list[ShardSnapshot | None] = [None] * len(ways.shards)
+
+        async def fetched() -> None:
+            outcomes = await self.fetch_shards([ways.shards[i] for i in ways.whole], passing=ways.passing)
+            for i, (snapshot, error) in zip(ways.whole, outcomes, strict=True):
+                if error is not None:
+                    raise error
+                got[i] = snapshot
+
+        async def revalidated() -> None:
+            fresh = await self._revalidated([(ways.shards[i], kept) for i, kept in ways.recheck])
+            for (i, _), snapshot in zip(ways.recheck, fresh, strict=True):
+                got[i] = snapshot
+
+        rounds = [fetched() if ways.whole else None, revalidated() if ways.recheck else None]
+        await gather(*(r for r in rounds if r is not None))
+        return got
 
     def _cached(self, key: str) -> ShardSnapshot | None:
         snapshot = self._shards.get(key)
@@ -197,41 +292,21 @@ class ShardReader:
             if entry is not None:
                 results[i] = snapshot.view(*sub_range(*entry, byte_range))
 
-    async def _read_whole(
-        self,
-        shards: list[tuple[ShardRef, list[int]]],
-        chunks: Sequence[ChunkRead],
-        results: list[ChunkBytes | None],
-        passing: set[str],
-    ) -> None:
-        fetched = await self.fetch_shards([shard for shard, _ in shards], passing=passing)
-        for (_, members), (snapshot, error) in zip(shards, fetched, strict=True):
+    async def _revalidated(self, shards: list[tuple[ShardRef, ShardSnapshot]]) -> list[ShardSnapshot]:
+        """Cached shards asked for again in one batch, each only if it changed."""
+        sent = time.monotonic()
+        raws = await self._inner.get_many_if_modified([(shard.key, kept.version) for shard, kept in shards])
+        fresh: list[ShardSnapshot] = []
+        for (shard, kept), (raw, version) in zip(shards, raws, strict=True):
+            if raw is NOT_MODIFIED:
+                fresh.append(kept)
+                continue
+            snapshot, error = self._snapshot(shard, raw, version, sent)
             if error is not None:
                 raise error
             assert snapshot is not None
-            self._serve(snapshot, members, chunks, results)
-
-    async def _revalidated(
-        self,
-        shards: list[tuple[ShardRef, list[int], ShardSnapshot]],
-        chunks: Sequence[ChunkRead],
-        results: list[ChunkBytes | None],
-    ) -> None:
-        """Cached shards asked for again in one batch, each only if it changed."""
-        sent = time.monotonic()
-        raws = await self._inner.get_many_if_modified(
-            [(shard.key, kept.version) for shard, _, kept in shards]
-        )
-        for (shard, members, kept), (raw, version) in zip(shards, raws, strict=True):
-            if raw is NOT_MODIFIED:
-                snapshot = kept
-            else:
-                fresh, error = self._snapshot(shard, raw, version, sent)
-                if error is not None:
-                    raise error
-                assert fresh is not None
-                snapshot = fresh
-            self._serve(snapshot, members, chunks, results)
+            fresh.append(snapshot)
+        return fresh
 
     async def fetch_shards(
         self, shards: Sequence[ShardRef], *, passing: Set[str] = frozenset()

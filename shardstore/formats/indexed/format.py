@@ -210,6 +210,12 @@ class IndexedFormat(ShardFormat):
             position = position * n + r
         return tuple(shard), position
 
+    def locate_many(
+        self, coords: npt.NDArray[np.int64], grid_shape: tuple[int, ...]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        shards, local = np.divmod(coords, np.asarray(self.chunks_per_shard, dtype=np.int64))
+        return shards, np.ravel_multi_index(tuple(local.T), self.chunks_per_shard).astype(np.int64)
+
     def members(
         self, table: ChunkTable, shard: tuple[int, ...], grid_shape: tuple[int, ...]
     ) -> list[tuple[int, tuple[int, ...]]]:
@@ -451,7 +457,8 @@ def index_problem(index: ShardIndex) -> str | None:
         return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
     if impossible.any():
         return f"impossible ranges (beyond {IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
-    overlaps = _overlaps(index, np.flatnonzero(present & (index[:, 1] > 0)))
+    # an empty range counts too: inside another chunk's bytes it is no chunk of its own
+    overlaps = _overlaps(index, np.flatnonzero(present))
     return overlaps[0] if overlaps else None
 
 

@@ -1,0 +1,296 @@
+"""The work a thread does for :class:`~shardstore.pipeline.ShardAwarePipeline`: chunks
+decoded into the array zarr reads into, and encoded from the value zarr writes,
+chunk by chunk or a whole shard at once.
+
+A shard whose chunks in the selection are its whole block of the output (or of the
+value) is one numpy operation when its chunks are stored raw (:mod:`shardstore.blocks`);
+every other chunk is decoded or encoded alone. Each function works on a ``part``
+(a range of its items), so that a thread per core takes a share
+(:func:`shardstore.pipeline._in_parallel`); the codecs release the GIL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import zarr.abc.codec
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import NDBuffer
+
+from shardstore.blocks import block_view, chunks_of_block, stacked_chunks
+from shardstore.chunk_codecs import ChunkCodec
+from shardstore.formats.base import table_entry
+from shardstore.reading.cache import ShardSnapshot
+
+__all__ = [
+    "REPORTS",
+    "ShardPart",
+    "all_fill",
+    "decode_into",
+    "encode_shards",
+    "merge_and_encode",
+    "new_chunk",
+    "scatter_chunks",
+    "scatter_shards",
+]
+
+REPORTS = hasattr(zarr.abc.codec, "GetResult")
+"""zarr 3.4 and later want each chunk's read reported as present or missing."""
+PRESENT: Any = {"status": "present"} if REPORTS else None
+MISSING: Any = {"status": "missing"} if REPORTS else None
+_ABSENT = 2**64 - 1
+"""An index row's offset where the chunk is absent."""
+
+ChunkInfo: TypeAlias = tuple[Any, ArraySpec, Any, Any, bool]
+"""zarr's description of one chunk of a selection: its byte getter/setter, spec,
+selection in the chunk and in the value, and whether the chunk is wholly covered."""
+
+ShardPart: TypeAlias = tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], "ShardSnapshot | None", Any]
+"""One shard of a selection: its chunks (places in the selection), their places in the
+shard, the shard as read (None: not read), and where its block starts in the array
+(None or -1: not a whole block)."""
+
+
+def decode_into(
+    codec: ChunkCodec,
+    stored: Any,
+    info: ChunkInfo,
+    target: npt.NDArray[Any],
+    drop_axes: tuple[int, ...],
+) -> Any:
+    """One chunk's stored bytes (None: absent, the fill value) decoded into its place in
+    ``target``; its report as zarr wants it. Raises where the bytes do not decode."""
+    _, spec, chunk_selection, out_selection, _ = info
+    if stored is None:
+        target[out_selection] = spec.fill_value
+        return MISSING
+    piece = codec.decode(stored, spec.shape)[chunk_selection]
+    target[out_selection] = piece.squeeze(axis=drop_axes) if drop_axes else piece
+    return PRESENT
+
+
+def scatter_chunks(
+    codec: ChunkCodec,
+    items: list[tuple[Any, ...]],
+    part: range,
+    out: NDBuffer,
+    drop_axes: tuple[int, ...],
+    reports: list[Any],
+    failed: list[int],
+) -> None:
+    """Decode the chunks ``part`` of ``items`` (each a chunk's info with the held chunk
+    in front, its stored bytes as ``.value``) into ``out``, each one's report into
+    ``reports``; the places of those that do not decode into ``failed``."""
+    target = out.as_ndarray_like()
+    for k in part:
+        held = items[k][0].value
+        try:
+            reports[k] = decode_into(
+                codec, None if held is None else held.as_numpy_array(), items[k], target, drop_axes
+            )
+        except Exception:
+            failed.append(k)
+
+
+def scatter_shards(
+    codec: ChunkCodec,
+    chunks: Sequence[ChunkInfo],
+    shards: Sequence[ShardPart],
+    block: tuple[int, ...] | None,
+    part: range,
+    out: NDBuffer,
+    drop_axes: tuple[int, ...],
+    reports: list[Any],
+    failed: list[tuple[int, bytes | None]],
+) -> None:
+    """Decode the chunks of the shards ``part`` of ``shards`` into ``out``, each one's
+    report into ``reports``; the chunks that do not decode (with their bytes) into
+    ``failed``, for zarr's codecs to say what is wrong."""
+    target = out.as_ndarray_like()
+    spec = chunks[0][1]
+    for k in part:
+        members, places, snapshot, origin = shards[k]
+        assert snapshot is not None
+        table = snapshot.index
+        whole = None
+        if block is not None and origin is not None and origin[0] >= 0 and isinstance(table, np.ndarray):
+            whole = block_view(target, origin.tolist(), block, tuple(spec.shape))
+        stacked = None if whole is None else _block_of(codec, snapshot.data, table, spec)
+        if whole is not None and stacked is not None:
+            whole[...] = chunks_of_block(stacked, block)  # type: ignore[arg-type]
+            present = (table[places, 0] != _ABSENT).tolist()
+            for n, here in zip(members.tolist(), present, strict=True):
+                reports[n] = PRESENT if here else MISSING
+            continue
+        data = memoryview(snapshot.data)
+        for n, (offset, nbytes) in zip(members.tolist(), _entries(table, places), strict=True):
+            stored = None if offset == _ABSENT else data[offset : offset + nbytes]
+            try:
+                reports[n] = decode_into(codec, stored, chunks[n], target, drop_axes)
+            except Exception:
+                failed.append((n, None if stored is None else bytes(stored)))
+
+
+def _block_of(
+    codec: ChunkCodec, data: bytes, table: npt.NDArray[np.uint64], spec: ArraySpec
+) -> npt.NDArray[Any] | None:
+    """Every chunk of a shard, in the order of their places, as one ``(n, *chunk)``
+    array (the fill value where absent): a view of the shard's bytes where they are
+    stored raw side by side, else decoded one by one into it. None where one does not
+    decode (the caller then decodes them one by one, to name it)."""
+    shape = tuple(spec.shape)
+    if codec.raw and (stacked := stacked_chunks(data, table, codec.dtype, shape)) is not None:
+        return stacked
+    stacked = np.empty((len(table), *shape), dtype=codec.dtype.newbyteorder("="))
+    view = memoryview(data)
+    for place, (offset, nbytes) in enumerate(table.tolist()):
+        if offset == _ABSENT:
+            stacked[place] = spec.fill_value
+            continue
+        try:
+            stacked[place] = codec.decode(view[offset : offset + nbytes], shape)
+        except Exception:
+            return None
+    return stacked
+
+
+def _entries(table: Any, places: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
+    """``(offset, nbytes)`` of each place in a shard's table (offset 2**64 - 1: absent)."""
+    if isinstance(table, np.ndarray):
+        return table[places].tolist()  # type: ignore[no-any-return]
+    return [table_entry(table, p) or (_ABSENT, 0) for p in places.tolist()]
+
+
+def new_chunk(
+    codec: ChunkCodec, info: ChunkInfo, old: Any, source: npt.NDArray[Any], drop_axes: tuple[int, ...]
+) -> bytes | None:
+    """A chunk's new stored bytes (None: zarr would store none) from the value
+    ``source`` and, for a chunk covered in part, its old bytes ``old`` (None: absent;
+    unused for a chunk zarr says the selection covers).
+    Raises where the old bytes do not decode."""
+    _, spec, chunk_selection, out_selection, complete = info
+    piece = source if source.shape == () else source[out_selection]
+    if drop_axes:
+        piece = piece[tuple(None if i in drop_axes else slice(None) for i in range(len(spec.shape)))]
+    if complete and piece.shape == tuple(spec.shape):
+        chunk = piece
+    elif old is None or complete:  # (zarr's "complete" edge chunk: its part outside the array is fill)
+        chunk = np.full(spec.shape, spec.fill_value, dtype=codec.dtype.newbyteorder("="))
+        chunk[chunk_selection] = piece
+    else:
+        chunk = codec.decode(old, spec.shape).copy()
+        chunk[chunk_selection] = piece
+    return None if all_fill(chunk, spec) else codec.encode(chunk)
+
+
+def merge_and_encode(
+    codec: ChunkCodec,
+    items: list[tuple[Any, ...]],
+    part: range,
+    value: NDBuffer,
+    drop_axes: tuple[int, ...],
+    encoded: list[bytes | Exception | None],
+) -> None:
+    """The new bytes of the chunks ``part`` of ``items`` (each a chunk's info with the
+    held chunk in front, its old bytes as ``.value``) into ``encoded``; the error
+    instead where old bytes do not decode."""
+    source = value.as_ndarray_like()
+    for k in part:
+        held = items[k][0].value
+        try:
+            encoded[k] = new_chunk(
+                codec, items[k], None if held is None else held.as_numpy_array(), source, drop_axes
+            )
+        except Exception as exc:
+            encoded[k] = exc
+
+
+def encode_shards(
+    codec: ChunkCodec,
+    chunks: Sequence[ChunkInfo],
+    shards: Sequence[ShardPart],
+    block: tuple[int, ...] | None,
+    part: range,
+    value: NDBuffer,
+    drop_axes: tuple[int, ...],
+    encoded: list[dict[int, Any]],
+    failed: list[tuple[int, bytes | None]],
+) -> None:
+    """The new bytes of the chunks of the shards ``part`` of ``shards`` (by place; None:
+    no chunk) into ``encoded[k]``; a shard that is a whole block of a value stored raw
+    is cut out of the value in one copy. Chunks whose old bytes do not decode go to
+    ``failed`` (with those bytes)."""
+    source = value.as_ndarray_like()
+    spec = chunks[0][1]
+    shape = tuple(spec.shape)
+    for k in part:
+        members, places, snapshot, origin = shards[k]
+        whole = None
+        if block is not None and origin is not None and origin[0] >= 0 and source.shape != ():
+            whole = block_view(source, origin.tolist(), block, shape)
+        if whole is not None:
+            encoded[k] = _block_chunks(codec, whole, block, spec)  # type: ignore[arg-type]
+            continue
+        data = None if snapshot is None else memoryview(snapshot.data)
+        olds = _entries(snapshot.index, places) if snapshot is not None else [(_ABSENT, 0)] * len(places)
+        values: dict[int, Any] = {}
+        for n, place, (offset, nbytes) in zip(members.tolist(), places.tolist(), olds, strict=True):
+            old = None if data is None or offset == _ABSENT else data[offset : offset + nbytes]
+            try:
+                values[place] = new_chunk(codec, chunks[n], old, source, drop_axes)
+            except Exception:
+                failed.append((n, None if old is None else bytes(old)))
+        encoded[k] = values
+
+
+def _block_chunks(
+    codec: ChunkCodec, whole: npt.NDArray[Any], block: tuple[int, ...], spec: ArraySpec
+) -> dict[int, Any]:
+    """The new bytes of every chunk of a shard's whole block (by place; None: no chunk):
+    stored raw, views of one copy of the block in the shard's order."""
+    ndim = len(block)
+    stacked = whole.transpose(tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2)))
+    stacked = stacked.reshape((-1, *spec.shape))
+    if codec.raw:
+        stacked = np.ascontiguousarray(stacked, dtype=codec.dtype)
+    flat = stacked.reshape(len(stacked), -1)
+    maybe_fill = _maybe_fill(flat, spec)
+    if codec.raw:
+        raw = memoryview(stacked.reshape(-1).view(np.uint8))
+        size = flat.shape[1] * codec.dtype.itemsize
+        return {
+            p: None if maybe_fill[p] and all_fill(stacked[p], spec) else raw[p * size : (p + 1) * size]
+            for p in range(len(stacked))
+        }
+    return {
+        p: None if maybe_fill[p] and all_fill(stacked[p], spec) else codec.encode(stacked[p])
+        for p in range(len(stacked))
+    }
+
+
+def _maybe_fill(flat: npt.NDArray[Any], spec: ArraySpec) -> npt.NDArray[np.bool_]:
+    """Which chunks (rows) may hold nothing but the fill value, by their first element:
+    the others are stored whatever ``write_empty_chunks`` says."""
+    if spec.config.write_empty_chunks or flat.shape[1] == 0:
+        return np.zeros(len(flat), dtype=bool)
+    fill = spec.fill_value
+    first = flat[:, 0]
+    return np.isnan(first) if fill != fill else first == fill  # type: ignore[no-any-return]
+
+
+def all_fill(chunk: npt.NDArray[Any], spec: ArraySpec) -> bool:
+    """Whether zarr would store no chunk for these values: ``write_empty_chunks`` off
+    and every element the fill value, by zarr's own test (-0.0 is no 0.0); the
+    first element, or a sample, settles most chunks at once."""
+    if spec.config.write_empty_chunks:
+        return False
+    fill = spec.fill_value
+    first = chunk.flat[0] if chunk.size else fill
+    if not (first == fill or (first != first and fill != fill)):  # (NaN)
+        return False
+    if fill == fill and (chunk.flat[:: max(1, chunk.size // 61)] != fill).any():
+        return False  # a sample of the values differs (a data chunk that starts as the fill does)
+    return bool(spec.prototype.nd_buffer.from_ndarray_like(chunk).all_equal(fill))
