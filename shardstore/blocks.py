@@ -33,7 +33,9 @@ def shard_origins(
     -1 for a shard whose chunks in the selection are not its whole block, each at its
     place (the selection leaves some out, reorders them, or the grid's edge cuts it)."""
     ndim = len(block)
-    local = np.stack(np.unravel_index(places, block), axis=1) if len(places) else np.empty((0, ndim), np.int64)
+    local = (
+        np.stack(np.unravel_index(places, block), axis=1) if len(places) else np.empty((0, ndim), np.int64)
+    )
     origin = starts - local * np.asarray(chunk, dtype=np.int64)
     order = np.argsort(shard_of, kind="stable")
     firsts = order[np.minimum(np.searchsorted(shard_of[order], np.arange(n_shards)), len(order) - 1)]
@@ -82,11 +84,11 @@ def stacked_chunks(
     offsets, sizes = table[:, 0], table[:, 1]
     if len(table) == 0 or nbytes == 0 or not (sizes == nbytes).all():
         return None  # (absent chunks' rows hold 2**64 - 1: no size matches)
-    base = int(offsets.min())
+    base = int(np.min(offsets))
     rel = offsets - np.uint64(base)
     slots = rel // np.uint64(nbytes)
     n = len(table)
-    if not ((rel % np.uint64(nbytes) == 0).all() and int(slots.max()) < n and len(np.unique(slots)) == n):
+    if not ((rel % np.uint64(nbytes) == 0).all() and int(np.max(slots)) < n and len(np.unique(slots)) == n):
         return None
     if base + n * nbytes > len(data):
         return None

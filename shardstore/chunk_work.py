@@ -84,7 +84,7 @@ def scatter_chunks(
     """Decode the chunks ``part`` of ``items`` (each a chunk's info with the held chunk
     in front, its stored bytes as ``.value``) into ``out``, each one's report into
     ``reports``; the places of those that do not decode into ``failed``."""
-    target = out.as_ndarray_like()
+    target: Any = out.as_ndarray_like()
     for k in part:
         held = items[k][0].value
         try:
@@ -109,22 +109,21 @@ def scatter_shards(
     """Decode the chunks of the shards ``part`` of ``shards`` into ``out``, each one's
     report into ``reports``; the chunks that do not decode (with their bytes) into
     ``failed``, for zarr's codecs to say what is wrong."""
-    target = out.as_ndarray_like()
+    target: Any = out.as_ndarray_like()
     spec = chunks[0][1]
     for k in part:
         members, places, snapshot, origin = shards[k]
         assert snapshot is not None
         table = snapshot.index
-        whole = None
-        if block is not None and origin is not None and origin[0] >= 0 and isinstance(table, np.ndarray):
+        if block is not None and isinstance(table, np.ndarray) and origin is not None and origin[0] >= 0:
             whole = block_view(target, origin.tolist(), block, tuple(spec.shape))
-        stacked = None if whole is None else _block_of(codec, snapshot.data, table, spec)
-        if whole is not None and stacked is not None:
-            whole[...] = chunks_of_block(stacked, block)  # type: ignore[arg-type]
-            present = (table[places, 0] != _ABSENT).tolist()
-            for n, here in zip(members.tolist(), present, strict=True):
-                reports[n] = PRESENT if here else MISSING
-            continue
+            stacked = None if whole is None else _block_of(codec, snapshot.data, table, spec)
+            if whole is not None and stacked is not None:
+                whole[...] = chunks_of_block(stacked, block)
+                present = (table[places, 0] != _ABSENT).tolist()
+                for n, here in zip(members.tolist(), present, strict=True):
+                    reports[n] = PRESENT if here else MISSING
+                continue
         data = memoryview(snapshot.data)
         for n, (offset, nbytes) in zip(members.tolist(), _entries(table, places), strict=True):
             stored = None if offset == _ABSENT else data[offset : offset + nbytes]
@@ -197,7 +196,7 @@ def merge_and_encode(
     """The new bytes of the chunks ``part`` of ``items`` (each a chunk's info with the
     held chunk in front, its old bytes as ``.value``) into ``encoded``; the error
     instead where old bytes do not decode."""
-    source = value.as_ndarray_like()
+    source: Any = value.as_ndarray_like()
     for k in part:
         held = items[k][0].value
         try:
@@ -223,7 +222,7 @@ def encode_shards(
     no chunk) into ``encoded[k]``; a shard that is a whole block of a value stored raw
     is cut out of the value in one copy. Chunks whose old bytes do not decode go to
     ``failed`` (with those bytes)."""
-    source = value.as_ndarray_like()
+    source: Any = value.as_ndarray_like()
     spec = chunks[0][1]
     shape = tuple(spec.shape)
     for k in part:
@@ -278,7 +277,7 @@ def _maybe_fill(flat: npt.NDArray[Any], spec: ArraySpec) -> npt.NDArray[np.bool_
         return np.zeros(len(flat), dtype=bool)
     fill = spec.fill_value
     first = flat[:, 0]
-    return np.isnan(first) if fill != fill else first == fill  # type: ignore[no-any-return]
+    return np.isnan(first) if fill != fill else first == fill
 
 
 def all_fill(chunk: npt.NDArray[Any], spec: ArraySpec) -> bool:

@@ -82,10 +82,15 @@ class StoreInternals:
         shard, concurrently; done when all are durable (a shard whose every chunk is
         given is written without reading it)."""
         await self._writer.write_all(
-            {shard.key: (shard, {place: [value] for place, value in values.items()}) for shard, values in updates}
+            {
+                shard.key: (shard, {place: [value] for place, value in values.items()})
+                for shard, values in updates
+            }
         )
 
-    async def read_shards(self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]]) -> list[ShardSnapshot]:
+    async def read_shards(
+        self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]]
+    ) -> list[ShardSnapshot]:
         """The shards of a read of many chunks, as snapshots holding the places wanted
         of each (see :meth:`ShardReader.read_shards`)."""
         return await self._reader.read_shards(wanted)

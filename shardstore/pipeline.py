@@ -41,7 +41,7 @@ import importlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeAlias
+from typing import Any, Self, TypeAlias, cast
 
 import numpy as np
 import zarr
@@ -208,7 +208,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     reports: list[Any] = [None] * len(items)
                     failed: list[int] = []
                     scatter = functools.partial(
-                        scatter_chunks, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
+                        scatter_chunks,
+                        codec,
+                        items,
+                        out=out,
+                        drop_axes=drop_axes,
+                        reports=reports,
+                        failed=failed,
                     )
                     await _in_parallel(scatter, len(items))
                     if failed:  # zarr's codecs decode them, or say what is wrong
@@ -355,7 +361,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
                 await self.write_batch(items, value, drop_axes)
-                where = {n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()}
+                where = {
+                    n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
+                }
                 for (n, _), (held, *_) in zip(failed, items, strict=True):
                     for _, written in held.written:
                         k, place = where[n]
@@ -437,7 +445,11 @@ def _wanted(
 ) -> list[tuple[ShardAddress, list[int], list[str]]]:
     """What a read of the chunks of ``shards`` asks of the store."""
     return [
-        (routed.shards[s], routed.places[members[s]].tolist(), [chunks[n][0].path for n in members[s].tolist()])
+        (
+            routed.shards[s],
+            routed.places[members[s]].tolist(),
+            [chunks[n][0].path for n in members[s].tolist()],
+        )
         for s in shards
     ]
 
@@ -467,7 +479,7 @@ def _origins(
     ndim = len(routed.block)
     try:
         starts = np.fromiter(
-            (s.start for info in chunks for s in info[3]), dtype=np.int64, count=len(chunks) * ndim
+            (s.start for info in chunks for s in cast(Any, info[3])), dtype=np.int64, count=len(chunks) * ndim
         ).reshape(len(chunks), ndim)
     except (AttributeError, TypeError, ValueError):  # an index array, not a slice
         return None

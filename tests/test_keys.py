@@ -95,3 +95,56 @@ def test_positions_are_c_order(cps: tuple[int, ...]) -> None:
     pos = [_locate(tuple(int(c) for c in row), cps)[1] for row in all_coords]
     assert pos == list(range(int(np.prod(cps))))
     assert [tuple(r) for r in all_coords] == sorted(tuple(r) for r in all_coords)
+
+
+@given(grammars, st.lists(st.lists(st.integers(0, 10**12), min_size=2, max_size=2), max_size=20), paths)
+def test_many_keys_decode_at_once_as_one_by_one(
+    grammar: ChunkKeyGrammar, rows: list[list[int]], path: str
+) -> None:
+    prefix = f"{path}/" if path else ""
+    keys = [prefix + grammar.encode(r) for r in rows]
+    got = grammar.decode_many(keys, prefix, 2)
+    if not rows:
+        assert got is None
+    else:
+        assert got is not None and got.tolist() == rows
+        assert [grammar.decode_rank(k[len(prefix) :], 2) for k in keys] == [tuple(r) for r in got.tolist()]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "a/c/01/2",  # a leading zero
+        "a/c/1/2/3",  # another rank
+        "a/c/1",
+        "a/c/+1/2",
+        "a/c/1/ 2",
+        "a/c/1//2",
+        "a/c/1/2x",
+        "b/c/1/2",  # another array
+        "a/c/1.2",  # another separator
+        "a/c/99999999999999999999/2",  # beyond int64
+    ],
+)
+def test_many_keys_decode_at_once_only_when_every_one_is_canonical(bad: str) -> None:
+    grammar = ChunkKeyGrammar("default", "/")
+    assert grammar.decode_many(["a/c/3/4", bad, "a/c/5/6"], "a/", 2) is None
+    assert grammar.decode_many(["a/c/3/4", "a/c/5/6"], "a/", 2) is not None
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
+        lambda cps: st.tuples(
+            st.just(tuple(cps)),
+            st.lists(st.tuples(*(st.integers(0, 40) for _ in cps)), min_size=1, max_size=30),
+        )
+    )
+)
+def test_chunks_locate_at_once_as_one_by_one(case: tuple[tuple[int, ...], list[tuple[int, ...]]]) -> None:
+    cps, coords = case
+    fmt = IndexedFormat(cps)
+    grid = tuple(41 for _ in cps)
+    shards, places = fmt.locate_many(np.asarray(coords, dtype=np.int64), grid)
+    assert [(tuple(s), p) for s, p in zip(shards.tolist(), places.tolist(), strict=True)] == [
+        fmt.locate(c, grid) for c in coords
+    ]

@@ -58,10 +58,10 @@ ChunkRead = tuple[ChunkRef, ByteRequest | None]
 """A chunk, and the range of its stored bytes wanted (None: all)."""
 
 
-def _covers(shard: ShardRef, positions: set[int]) -> bool:
+def _covers(shard: ShardRef, positions: Set[int]) -> bool:
     """Whether ``positions`` are every chunk of the shard inside the array."""
     places = shard.places_in_grid()
-    return places is not None and len(positions) >= len(places) and positions.issuperset(places)
+    return places is not None and len(positions) >= len(places) and positions >= set(places)
 
 
 @dataclass
@@ -162,7 +162,9 @@ class ShardReader:
         await gather(*(r for r in rounds if r is not None))
         return results
 
-    async def read_shards(self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]]) -> list[ShardSnapshot]:
+    async def read_shards(
+        self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]]
+    ) -> list[ShardSnapshot]:
         """For a read that wants the places ``wanted[i][1]`` (chunk keys ``wanted[i][2]``,
         named in errors) of each shard: the shards as snapshots, served as
         :meth:`read_chunks` serves them, in one inner round (after one more for uncached
@@ -176,7 +178,11 @@ class ShardReader:
                 got[i] = got[i] or snapshot
 
         async def ranges() -> None:
-            refs = [_Chunk(key, wanted[s][0], p) for s in ways.ranged for p, key in zip(*wanted[s][1:], strict=True)]
+            refs = [
+                _Chunk(key, wanted[s][0], p)
+                for s in ways.ranged
+                for p, key in zip(*wanted[s][1:], strict=True)
+            ]
             values: list[ChunkBytes | None] = [None] * len(refs)
             await self._read_ranges(list(range(len(refs))), [(r, None) for r in refs], values)
             sent, start = time.monotonic(), 0
@@ -196,7 +202,11 @@ class ShardReader:
         for i, (shard, positions) in enumerate(wanted):
             if ways.cached[i] is not None:
                 continue
-            if self._revalidate and (kept := self._shards.get(shard.key)) is not None and kept.version is not None:
+            if (
+                self._revalidate
+                and (kept := self._shards.get(shard.key)) is not None
+                and kept.version is not None
+            ):
                 ways.recheck.append((i, kept))
             elif self._wants_whole(shard, positions):
                 ways.whole.append(i)
@@ -252,7 +262,7 @@ class ShardReader:
             return None
         return snapshot
 
-    def _wants_whole(self, shard: ShardRef, positions: set[int]) -> bool:
+    def _wants_whole(self, shard: ShardRef, positions: Set[int]) -> bool:
         nominal = shard.nominal_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
         again = self._whole in ("repeat", "first") and self._repeated(shard.key)

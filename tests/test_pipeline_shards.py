@@ -1,0 +1,172 @@
+"""The pipeline's shard lane: a selection's chunks routed at once, read and written
+shard by shard (a raw shard that is a whole block of the output or value in one numpy
+operation). It gives what zarr's own pipeline gives for every selection, codec, key
+encoding and data type; reads each shard once; and a damaged chunk fails as it does
+through zarr's codecs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+import zarr
+from hypothesis import HealthCheck, given, settings
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore.inner import LocalInner
+from shardstore.instrument import CountingInner
+
+from .helpers import sample
+
+ZARR_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+SHAPE, CHUNKS, CPS = (21, 22), (3, 2), (2, 3)  # shards of 6 x 6: whole blocks inside, cut at the edges
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "raw": {"compressors": None},
+    "zstd": {},
+    "zstd-crc32c": {"compressors": [ZstdCodec(level=1), Crc32cCodec()]},
+    "raw-dots": {"compressors": None, "chunk_key_encoding": {"name": "default", "separator": "."}},
+    "raw-v2-keys": {"compressors": None, "chunk_key_encoding": {"name": "v2", "separator": "."}},
+    "raw-zarr-v2": {"compressors": None, "zarr_format": 2},
+    "raw-big-endian-f8": {
+        "compressors": None,
+        "serializer": {"name": "bytes", "configuration": {"endian": "big"}},
+    },
+}
+
+_bound = st.integers(0, 21)
+_box = st.tuples(_bound, _bound, _bound, _bound).map(
+    lambda t: (slice(min(t[0], t[1]), max(t[0], t[1]) + 1), slice(min(t[2], t[3]), max(t[2], t[3]) + 1))
+)
+_selections = st.one_of(
+    st.just(("basic", (slice(None), slice(None)))),
+    st.just(("basic", (slice(6, 18), slice(0, 12)))),  # whole interior shards
+    _box.map(lambda b: ("basic", b)),
+    st.tuples(_box, st.integers(2, 4)).map(lambda t: ("basic", (slice(t[0][0].start, None, t[1]), t[0][1]))),
+    st.integers(0, 20).map(lambda i: ("basic", (i, slice(None)))),  # an axis dropped
+    st.lists(st.integers(0, 20), min_size=1, max_size=6, unique=True).map(
+        lambda rows: ("orthogonal", (sorted(rows)[::-1], slice(None)))
+    ),
+    st.lists(st.tuples(st.integers(0, 20), st.integers(0, 21)), min_size=1, max_size=8, unique=True).map(
+        lambda pts: ("coordinate", (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
+    ),
+)
+
+
+def _shape_of(arr: Any, kind: str, sel: Any) -> tuple[int, ...]:
+    return tuple(_get(arr, kind, sel).shape)
+
+
+def _get(arr: Any, kind: str, sel: Any) -> Any:
+    if kind == "basic":
+        return arr.get_basic_selection(sel)
+    if kind == "orthogonal":
+        return arr.get_orthogonal_selection(sel)
+    return arr.get_coordinate_selection(sel)
+
+
+def _set(arr: Any, kind: str, sel: Any, value: Any) -> None:
+    if kind == "basic":
+        arr.set_basic_selection(sel, value)
+    elif kind == "orthogonal":
+        arr.set_orthogonal_selection(sel, value)
+    else:
+        arr.set_coordinate_selection(sel, value)
+
+
+def _array(root: Path, layout: str, pipeline: str) -> Any:
+    kwargs = dict(LAYOUTS[layout])
+    dtype = "f8" if "f8" in layout else "i2"
+    with zarr.config.set({"codec_pipeline.path": pipeline}):
+        return zarr.create_array(
+            ShardingStore(str(root / pipeline), CPS),
+            name="a",
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype=dtype,
+            fill_value=-1,
+            **kwargs,
+        )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=st.sampled_from(sorted(LAYOUTS)),
+    writes=st.lists(
+        st.tuples(_selections, st.sampled_from(["data", "fill", "scalar"])), min_size=1, max_size=4
+    ),
+    reads=st.lists(_selections, min_size=1, max_size=3),
+)
+def test_any_selection_matches_zarrs_own_pipeline(
+    tmp_path_factory: pytest.TempPathFactory, layout: str, writes: list[Any], reads: list[Any]
+) -> None:
+    root = tmp_path_factory.mktemp("lane")
+    arrays = [_array(root, layout, ZARR_PIPELINE), _array(root, layout, PIPELINE_PATH)]
+    for n, ((kind, sel), what) in enumerate(writes):
+        shape = _shape_of(arrays[0], kind, sel)
+        value: Any = {
+            "data": (sample(shape, "f8", seed=n) * 100).astype(arrays[0].dtype),
+            "fill": -1,
+            "scalar": 7,
+        }[what]
+        for arr, path in zip(arrays, (ZARR_PIPELINE, PIPELINE_PATH), strict=True):
+            with zarr.config.set({"codec_pipeline.path": path}):
+                _set(zarr.open_array(arr.store, path="a"), kind, sel, value)
+    for kind, sel in [*reads, ("basic", (slice(None), slice(None)))]:
+        got = []
+        for arr, path in zip(arrays, (ZARR_PIPELINE, PIPELINE_PATH), strict=True):
+            with zarr.config.set({"codec_pipeline.path": path}):
+                got.append(_get(zarr.open_array(ShardingStore(arr.store.inner), path="a"), kind, sel))
+        np.testing.assert_array_equal(got[0], got[1], err_msg=f"{layout} {kind} {sel}")
+    with zarr.config.set({"codec_pipeline.path": ZARR_PIPELINE}):  # our bytes, zarr's codecs
+        theirs = zarr.open_array(ShardingStore(arrays[0].store.inner), path="a")[:]
+        ours = zarr.open_array(ShardingStore(arrays[1].store.inner), path="a")[:]
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("layout", ["raw", "zstd"])
+def test_chunks_of_shards_whose_indices_are_known_are_read_by_ranges(tmp_path: Path, layout: str) -> None:
+    """After a whole read the store knows every index: a chunk row then reads just its
+    chunks' bytes (merged ranges), not whole shards, through the same lane."""
+    inner = CountingInner(LocalInner(str(tmp_path / "s")))
+    store = ShardingStore(inner, (4, 4))
+    data = sample((64, 64), "f4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            store, name="a", shape=data.shape, chunks=(4, 4), dtype="f4", **LAYOUTS[layout]
+        )
+        arr[:] = data
+        arr = zarr.open_array(store, path="a")
+        np.testing.assert_array_equal(arr[:], data)
+        inner.counts.reset()
+        np.testing.assert_array_equal(arr[4:8], data[4:8])
+        np.testing.assert_array_equal(arr[9, 3:50], data[9, 3:50])
+    stored = sum(f.stat().st_size for f in (tmp_path / "s" / "a" / "c").rglob("*") if f.is_file())
+    assert inner.counts.reads >= 4  # four shards' ranges, never an index again
+    assert inner.counts.bytes_read <= 2 * stored // 16 + 4096  # two chunk rows of 16, not 4 shards
+
+
+@pytest.mark.parametrize("layout", ["raw", "zstd", "zstd-crc32c"])
+def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(tmp_path: Path, layout: str) -> None:
+    errors = []
+    for pipeline in (ZARR_PIPELINE, PIPELINE_PATH):
+        arr = _array(tmp_path, layout, pipeline)
+        with zarr.config.set({"codec_pipeline.path": pipeline}):
+            arr[:] = 5
+            shard = tmp_path / pipeline / "a" / "c" / "1" / "1"
+            info = asyncio.run(ShardingStore(str(tmp_path / pipeline)).internals.array_at("a"))
+            assert info is not None and info.shard_format is not None
+            fmt = info.shard_format
+            chunks = fmt.split(shard.read_bytes(), str(shard))
+            chunks[4] = chunks[4][:-1] if layout == "raw" else b"\xff" * len(chunks[4])  # short, or garbage
+            shard.write_bytes(fmt.build(chunks))
+            with pytest.raises(Exception) as caught:
+                zarr.open_array(ShardingStore(str(tmp_path / pipeline)), path="a")[:]
+            errors.append(caught.value)
+    assert type(errors[0]) is type(errors[1])
+    assert str(errors[0]) == str(errors[1])
