@@ -84,15 +84,18 @@ def stacked_chunks(
     offsets, sizes = table[:, 0], table[:, 1]
     if len(table) == 0 or nbytes == 0 or not (sizes == nbytes).all():
         return None  # (absent chunks' rows hold 2**64 - 1: no size matches)
-    base = int(np.min(offsets))
-    rel = offsets - np.uint64(base)
-    slots = rel // np.uint64(nbytes)
     n = len(table)
-    if not ((rel % np.uint64(nbytes) == 0).all() and int(np.max(slots)) < n and len(np.unique(slots)) == n):
-        return None
+    base = int(offsets[0]) if (np.diff(offsets.astype(np.int64)) == nbytes).all() else None
+    if base is not None:  # in the order of their places (as written): a view
+        slots = None
+    else:
+        base = int(np.min(offsets))
+        rel = offsets - np.uint64(base)
+        slots = (rel // np.uint64(nbytes)).astype(np.intp)
+        if not ((rel % np.uint64(nbytes) == 0).all() and np.array_equal(np.sort(slots), np.arange(n))):
+            return None
     if base + n * nbytes > len(data):
         return None
     flat = np.frombuffer(data, dtype=dtype, count=n * nbytes // dtype.itemsize, offset=base)
     stacked = flat.reshape((n, *chunk))
-    in_order = np.arange(n, dtype=np.uint64)
-    return stacked if np.array_equal(slots, in_order) else stacked[slots.astype(np.intp)]
+    return stacked if slots is None else stacked[slots]

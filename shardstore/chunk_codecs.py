@@ -103,11 +103,11 @@ class ChunkCodec:
     def raw(self) -> bool:
         """Whether a chunk is stored as its elements in C order, nothing else: then the
         chunks of a shard are slices of its bytes."""
-        return not (self.compressors or self.checksum or self.fortran or self.transpose is not None)
+        return self.in_order and not (self.compressors or self.checksum)
 
-    def decode(self, stored: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-        """A chunk's array from its stored bytes (read-only where it could be a view).
-        Raises ValueError on damage; the caller then lets zarr's codecs say what."""
+    def decode_bytes(self, stored: Any) -> Any:
+        """A chunk's elements as stored (the ``bytes`` codec's order), checksum checked
+        and decompressed: any bytes-like object. Raises ValueError on damage."""
         data = stored
         if self.checksum:
             view = memoryview(stored)
@@ -116,7 +116,21 @@ class ChunkCodec:
                 raise ValueError("crc32c checksum mismatch")
         for codec in reversed(self.compressors):
             data = codec.decode(data)
-        flat = np.frombuffer(data, dtype=self.dtype)
+        return data
+
+    @property
+    def in_order(self) -> bool:
+        """Whether a chunk's stored elements are in the chunk's C order (no transpose)."""
+        return self.transpose is None and not self.fortran
+
+    def decode(self, stored: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        """A chunk's array from its stored bytes (read-only where it could be a view).
+        Raises ValueError on damage; the caller then lets zarr's codecs say what."""
+        return self.arrange(self.decode_bytes(stored), shape)
+
+    def arrange(self, elements: Any, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        """A chunk's array from its elements as stored (:meth:`decode_bytes`), a view."""
+        flat = np.frombuffer(elements, dtype=self.dtype)
         if self.transpose is not None:
             stored_shape = tuple(shape[i] for i in self.transpose)
             return flat.reshape(stored_shape).transpose(np.argsort(self.transpose))

@@ -138,22 +138,31 @@ def _block_of(
 ) -> npt.NDArray[Any] | None:
     """Every chunk of a shard, in the order of their places, as one ``(n, *chunk)``
     array (the fill value where absent): a view of the shard's bytes where they are
-    stored raw side by side, else decoded one by one into it. None where one does not
-    decode (the caller then decodes them one by one, to name it)."""
+    stored raw side by side, else decoded one by one and joined. None where one does
+    not decode (the caller then decodes them one by one, to name it)."""
     shape = tuple(spec.shape)
     if codec.raw and (stacked := stacked_chunks(data, table, codec.dtype, shape)) is not None:
         return stacked
-    stacked = np.empty((len(table), *shape), dtype=codec.dtype.newbyteorder("="))
+    size = codec.dtype.itemsize * int(np.prod(shape))
     view = memoryview(data)
-    for place, (offset, nbytes) in enumerate(table.tolist()):
+    fill: bytes | None = None
+    parts: list[Any] = []
+    for offset, nbytes in table.tolist():
         if offset == _ABSENT:
-            stacked[place] = spec.fill_value
+            if fill is None:
+                fill = np.full(shape, spec.fill_value, dtype=codec.dtype).tobytes()
+            parts.append(fill)
             continue
         try:
-            stacked[place] = codec.decode(view[offset : offset + nbytes], shape)
+            part = codec.decode_bytes(view[offset : offset + nbytes])
         except Exception:
             return None
-    return stacked
+        if memoryview(part).nbytes != size:
+            return None
+        parts.append(part)
+    # one join, then one copy into place: a thread per core decodes with few GIL handoffs
+    stacked = np.frombuffer(b"".join(parts), dtype=codec.dtype).reshape((len(parts), *shape))
+    return stacked if codec.in_order else np.stack([codec.arrange(p, shape) for p in parts])
 
 
 def _entries(table: Any, places: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
@@ -248,36 +257,34 @@ def encode_shards(
 def _block_chunks(
     codec: ChunkCodec, whole: npt.NDArray[Any], block: tuple[int, ...], spec: ArraySpec
 ) -> dict[int, Any]:
-    """The new bytes of every chunk of a shard's whole block (by place; None: no chunk):
-    stored raw, views of one copy of the block in the shard's order."""
+    """The new bytes of every chunk of a shard's whole block (by place; None: no chunk),
+    from one copy of the block in the shard's order: stored raw, views of that copy."""
     ndim = len(block)
-    stacked = whole.transpose(tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2)))
+    order = tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2))
+    stacked = np.ascontiguousarray(whole.transpose(order), dtype=codec.dtype if codec.raw else None)
     stacked = stacked.reshape((-1, *spec.shape))
-    if codec.raw:
-        stacked = np.ascontiguousarray(stacked, dtype=codec.dtype)
-    flat = stacked.reshape(len(stacked), -1)
-    maybe_fill = _maybe_fill(flat, spec)
+    empty = _fill_chunks(stacked, spec)
     if codec.raw:
         raw = memoryview(stacked.reshape(-1).view(np.uint8))
-        size = flat.shape[1] * codec.dtype.itemsize
-        return {
-            p: None if maybe_fill[p] and all_fill(stacked[p], spec) else raw[p * size : (p + 1) * size]
-            for p in range(len(stacked))
-        }
-    return {
-        p: None if maybe_fill[p] and all_fill(stacked[p], spec) else codec.encode(stacked[p])
-        for p in range(len(stacked))
-    }
+        size = raw.nbytes // len(stacked)
+        return {p: None if p in empty else raw[p * size : (p + 1) * size] for p in range(len(stacked))}
+    return {p: None if p in empty else codec.encode(stacked[p]) for p in range(len(stacked))}
 
 
-def _maybe_fill(flat: npt.NDArray[Any], spec: ArraySpec) -> npt.NDArray[np.bool_]:
-    """Which chunks (rows) may hold nothing but the fill value, by their first element:
-    the others are stored whatever ``write_empty_chunks`` says."""
-    if spec.config.write_empty_chunks or flat.shape[1] == 0:
-        return np.zeros(len(flat), dtype=bool)
+def _fill_chunks(stacked: npt.NDArray[Any], spec: ArraySpec) -> set[int]:
+    """Which chunks (``stacked[p]``) zarr would store none of (see :func:`all_fill`),
+    found with a few numpy operations over all of them."""
+    if spec.config.write_empty_chunks or stacked[0].size == 0:
+        return set()
     fill = spec.fill_value
+    flat = stacked.reshape(len(stacked), -1)
     first = flat[:, 0]
-    return np.isnan(first) if fill != fill else first == fill
+    maybe = np.flatnonzero(np.isnan(first) if fill != fill else first == fill)
+    if len(maybe) == 0:
+        return set()
+    rows = flat[maybe]
+    same = (np.isnan(rows) if fill != fill else rows == fill).all(axis=1)
+    return {int(p) for p in maybe[same].tolist() if all_fill(stacked[p], spec)}
 
 
 def all_fill(chunk: npt.NDArray[Any], spec: ArraySpec) -> bool:

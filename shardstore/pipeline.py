@@ -244,7 +244,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         members = _members(routed)
         origins = _origins(chunks, routed, drop_axes)
         results: list[Any] = [None] * len(chunks)
-        groups = _groups(len(members), internals.fetch_concurrency)
+        groups = _groups(routed, internals.fetch_concurrency)
 
         def read_ahead(i: int) -> asyncio.Future[list[ShardSnapshot]] | None:
             if i == len(groups):
@@ -344,7 +344,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         internals = store.internals
         members = _members(routed)
         origins = _origins(chunks, routed, drop_axes)
-        groups = _groups(len(members), internals.fetch_concurrency)
+        groups = _groups(routed, internals.fetch_concurrency)
 
         async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any]]]:
             partial = [s for s in group if not all(chunks[n][4] for n in members[s].tolist())]
@@ -433,10 +433,18 @@ def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
     return np.split(order, bounds)
 
 
-def _groups(n_shards: int, fetch_concurrency: int) -> list[range]:
-    """Shards in groups of half ``fetch_concurrency``: with one group read or encoded
-    ahead, ``fetch_concurrency`` shards at most are held at once."""
-    size = max(1, fetch_concurrency // 2)
+GROUP_BYTES = 8 << 20
+"""Small shards go in groups this big (before compression): a group costs a round of
+requests and a thread hop or two whatever its size."""
+
+
+def _groups(routed: RoutedChunks, fetch_concurrency: int) -> list[range]:
+    """Shards in groups of half ``fetch_concurrency``, or of as many small shards as
+    hold GROUP_BYTES: with one group read or encoded ahead, ``fetch_concurrency``
+    shards (or twice GROUP_BYTES) at most are held at once."""
+    n_shards = len(routed.shards)
+    nominal = routed.shards[0].nominal_nbytes if n_shards else None
+    size = max(1, fetch_concurrency // 2, GROUP_BYTES // nominal if nominal else 0)
     return [range(i, min(i + size, n_shards)) for i in range(0, n_shards, size)]
 
 

@@ -94,7 +94,7 @@ class ShardingStore(Store):
             remote, 16 MiB local).
         fetch_concurrency: Shards that one read or write of many chunks holds at
             once; the pipeline fetches or commits half of them while it decodes or
-            encodes the other half.
+            encodes the other half (small shards: as many as hold 8 MiB a half).
         renumbering: What a resize of a neuroglancer-format array does when the new
             grid gives stored chunks other ids: ``"migrate"`` moves them (a copy
             committed by the metadata write), ``"refuse"`` raises

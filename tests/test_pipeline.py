@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.storage import MemoryStore
 
+import shardstore.pipeline
 from shardstore import PIPELINE_PATH, PipelineChoiceWarning, ShardAwarePipeline, ShardingStore
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
@@ -77,6 +78,13 @@ def test_a_partial_write_reads_the_chunks_it_covers_in_part_once(tmp_path: Path)
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
 
 
+@pytest.fixture
+def groups_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of half ``fetch_concurrency`` shards, however small (not GROUP_BYTES)."""
+    monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
+
+
+@pytest.mark.usefixtures("groups_by_count")
 @pytest.mark.parametrize("concurrency", [1, 3, 4, 32])
 def test_a_whole_read_reads_half_fetch_concurrency_shards_a_batch(tmp_path: Path, concurrency: int) -> None:
     """Half: the next batch is read while this one decodes, so that at most
@@ -384,6 +392,25 @@ def test_xarray_reads_through_the_default_pipeline(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("pipeline")
+@pytest.mark.parametrize("group_bytes", [1, 2])
+def test_small_shards_are_read_as_many_as_fill_group_bytes_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_bytes: int
+) -> None:
+    """A batch per group costs as much for small shards as for big ones: a group holds
+    half ``fetch_concurrency`` shards, or as many as GROUP_BYTES hold."""
+    store, _ = _counted(tmp_path)
+    data = sample((64, 64), "f4")  # 4 shards of 4 x 4 chunks of 8 x 8: 4 KiB each
+    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
+    monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", group_bytes * 4096)
+    reader, inner = _counted(tmp_path, fetch_concurrency=2)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.open_array(reader, path="a")
+        inner.counts.reset()
+        np.testing.assert_array_equal(arr[:], data)
+    assert (inner.counts.read_batches, inner.counts.reads) == (4 // group_bytes, 4)
+
+
+@pytest.mark.usefixtures("groups_by_count")
 def test_a_whole_read_and_write_hold_at_most_fetch_concurrency_shards(tmp_path: Path) -> None:
     """Peak memory (as tracemalloc sees numpy's and Python's allocations) of a whole read
     is the output plus ``fetch_concurrency`` shards, and of a whole write the encoded

@@ -143,22 +143,27 @@ class LocalInner(InnerStore):
     @staticmethod
     def _write(path: Path, value: bytes) -> None:
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+        replaced = False
         try:
             for attempt in range(3):  # a concurrent delete may prune the directory we just made
-                with contextlib.suppress(FileExistsError):  # made meanwhile (see file_lock)
-                    path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     with open(tmp, "wb") as f:
                         f.write(value)
                     break
-                except FileNotFoundError:
+                except FileNotFoundError:  # no directory yet (a shard's lock usually made it)
                     if attempt == 2:
                         raise
-            if path.is_dir():
+                    with contextlib.suppress(FileExistsError):  # made meanwhile (see file_lock)
+                        path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(tmp, path)
+            except IsADirectoryError:
                 path.rmdir()  # an empty directory left by another layout; never one with files
-            os.replace(tmp, path)
+                os.replace(tmp, path)
+            replaced = True
         finally:
-            tmp.unlink(missing_ok=True)
+            if not replaced:
+                tmp.unlink(missing_ok=True)
 
     async def delete(self, key: str) -> None:
         with failure("delete", key):

@@ -64,7 +64,12 @@ def _gives_value(updates: list[Update] | None) -> bool:
     """Whether updates leave the chunk a value (not erased) known without reading the
     old one: they start from a whole value or an erase, and do not end erasing it (a
     splice after an erase writes into empty bytes)."""
-    return updates is not None and independent_of_old(updates) and updates[-1] is not None
+    return (
+        updates is not None
+        and len(updates) > 0
+        and not isinstance(updates[0], Splice)
+        and updates[-1] is not None
+    )
 
 
 def merge_updates(into: ShardUpdates, updates: Mapping[int, list[Update]]) -> None:
@@ -101,7 +106,8 @@ def _every_place(
         return False
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False
-    return all(test(updates.get(pos)) for pos in needed)
+    get = updates.get
+    return all(map(test, map(get, needed)))
 
 
 def rebuilt_shard(
@@ -111,6 +117,14 @@ def rebuilt_shard(
     ``updates`` applied; None (delete it) once no chunk is left, unless ``keep_empty``
     (an emptied shard stays, empty, where deletes are not ordered against other
     writers: see ``Capabilities.ordered_deletes``)."""
+    if old is None and all(len(ups) == 1 and not isinstance(ups[0], Splice) for ups in updates.values()):
+        # a new shard of new values (a whole write): no chunk to apply anything to
+        new = {
+            chunk: value
+            for chunk, (value,) in updates.items()
+            if value is not None and not isinstance(value, Splice)
+        }
+        return fmt.build(new) if new else None
     chunks = {} if old is None else fmt.split(old, key)
     for chunk, ups in updates.items():
         value = apply_updates(chunks.get(chunk), ups)

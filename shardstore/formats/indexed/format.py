@@ -457,6 +457,9 @@ def index_problem(index: ShardIndex) -> str | None:
         return f"entries with only one of offset/nbytes marked empty: {_entries(index, half)}"
     if impossible.any():
         return f"impossible ranges (beyond {IMPOSSIBLE:,} bytes): {_entries(index, impossible)}"
+    rows = index[present]
+    if (rows[1:, 0] >= rows[:-1, 0] + rows[:-1, 1]).all():
+        return None  # each range after the one before it (as written): none shares a byte
     # an empty range counts too: inside another chunk's bytes it is no chunk of its own
     overlaps = _overlaps(index, np.flatnonzero(present))
     return overlaps[0] if overlaps else None
