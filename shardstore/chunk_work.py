@@ -43,6 +43,9 @@ PRESENT: Any = {"status": "present"} if REPORTS else None
 MISSING: Any = {"status": "missing"} if REPORTS else None
 _ABSENT = 2**64 - 1
 """An index row's offset where the chunk is absent."""
+JOINED_CHUNK_BYTES = 256 << 10
+"""Compressed chunks up to this size are decoded one after another and placed as a
+whole shard (few handoffs of the GIL a chunk); bigger ones each straight into place."""
 
 ChunkInfo: TypeAlias = tuple[Any, ArraySpec, Any, Any, bool]
 """zarr's description of one chunk of a selection: its byte getter/setter, spec,
@@ -138,12 +141,15 @@ def _block_of(
 ) -> npt.NDArray[Any] | None:
     """Every chunk of a shard, in the order of their places, as one ``(n, *chunk)``
     array (the fill value where absent): a view of the shard's bytes where they are
-    stored raw side by side, else decoded one by one and joined. None where one does
-    not decode (the caller then decodes them one by one, to name it)."""
+    stored raw side by side, else decoded one by one and joined. None where the caller
+    decodes them one by one: big chunks (each straight into place), or where one does
+    not decode (to name it)."""
     shape = tuple(spec.shape)
     if codec.raw and (stacked := stacked_chunks(data, table, codec.dtype, shape)) is not None:
         return stacked
     size = codec.dtype.itemsize * int(np.prod(shape))
+    if size > JOINED_CHUNK_BYTES:
+        return None  # big chunks: each decoded straight into place, no copy in between
     view = memoryview(data)
     fill: bytes | None = None
     parts: list[Any] = []
@@ -237,8 +243,9 @@ def encode_shards(
     for k in part:
         members, places, snapshot, origin = shards[k]
         whole = None
-        if block is not None and origin is not None and origin[0] >= 0 and source.shape != ():
-            whole = block_view(source, origin.tolist(), block, shape)
+        small = codec.raw or codec.dtype.itemsize * int(np.prod(shape)) <= JOINED_CHUNK_BYTES
+        if block is not None and origin is not None and origin[0] >= 0 and source.shape != () and small:
+            whole = block_view(source, origin.tolist(), block, shape)  # (big chunks: each from the value)
         if whole is not None:
             encoded[k] = _block_chunks(codec, whole, block, spec)  # type: ignore[arg-type]
             continue
