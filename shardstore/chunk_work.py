@@ -268,7 +268,9 @@ def _block_chunks(
     from one copy of the block in the shard's order: stored raw, views of that copy."""
     ndim = len(block)
     order = tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2))
-    stacked = np.ascontiguousarray(whole.transpose(order), dtype=codec.dtype if codec.raw else None)
+    # always a copy: raw chunks are views of it, and a commit can outlive the call that
+    # wrote it (a cancelled write), when the caller may have reused its array
+    stacked = np.array(whole.transpose(order), dtype=codec.dtype if codec.raw else None, order="C", copy=True)
     stacked = stacked.reshape((-1, *spec.shape))
     empty = _fill_chunks(stacked, spec)
     if codec.raw:

@@ -249,7 +249,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         def read_ahead(i: int) -> asyncio.Future[list[ShardSnapshot]] | None:
             if i == len(groups):
                 return None
-            return asyncio.ensure_future(internals.read_shards(_wanted(chunks, routed, members, groups[i])))
+            wanted = _wanted(chunks, routed, [(s, members[s]) for s in groups[i]])
+            return asyncio.ensure_future(internals.read_shards(wanted))
 
         ahead = read_ahead(0)
         try:
@@ -345,11 +346,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         members = _members(routed)
         origins = _origins(chunks, routed, drop_axes)
         groups = _groups(routed, internals.fetch_concurrency)
+        complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any]]]:
-            partial = [s for s in group if not all(chunks[n][4] for n in members[s].tolist())]
-            read = await internals.read_shards(_wanted(chunks, routed, members, partial)) if partial else []
-            snapshots = dict(zip(partial, read, strict=True))
+            cut = [(s, members[s][~complete[members[s]]]) for s in group]  # chunks covered in part
+            partial = [(s, wanted) for s, wanted in cut if len(wanted)]
+            read = await internals.read_shards(_wanted(chunks, routed, partial)) if partial else []
+            snapshots = dict(zip([s for s, _ in partial], read, strict=True))
             parts = _parts(routed, members, origins, group, [snapshots.get(s) for s in group])
             new: list[dict[int, Any]] = [{} for _ in parts]
             failed: list[tuple[int, bytes | None]] = []
@@ -449,16 +452,13 @@ def _groups(routed: RoutedChunks, fetch_concurrency: int) -> list[range]:
 
 
 def _wanted(
-    chunks: Sequence[ChunkInfo], routed: RoutedChunks, members: list[Any], shards: Iterable[int]
+    chunks: Sequence[ChunkInfo], routed: RoutedChunks, picks: Iterable[tuple[int, Any]]
 ) -> list[tuple[ShardAddress, list[int], list[str]]]:
-    """What a read of the chunks of ``shards`` asks of the store."""
+    """What a read of chunks ``picks`` (a shard, and the places in the selection of its
+    chunks wanted) asks of the store."""
     return [
-        (
-            routed.shards[s],
-            routed.places[members[s]].tolist(),
-            [chunks[n][0].path for n in members[s].tolist()],
-        )
-        for s in shards
+        (routed.shards[s], routed.places[wanted].tolist(), [chunks[n][0].path for n in wanted.tolist()])
+        for s, wanted in picks
     ]
 
 

@@ -170,3 +170,61 @@ def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(tmp_path
             errors.append(caught.value)
     assert type(errors[0]) is type(errors[1])
     assert str(errors[0]) == str(errors[1])
+
+
+def test_a_commit_that_outlives_its_cancelled_write_keeps_what_was_written(tmp_path: Path) -> None:
+    """A raw shard's chunks go to the commit as views of the block cut out of the value:
+    a copy, never the caller's own array. A commit outlives a cancelled write (other
+    writers may share it), and the caller may reuse its array at once."""
+
+    class Gated(LocalInner):
+        entered: asyncio.Event
+        release: asyncio.Event
+        done: asyncio.Event
+
+        async def update(self, key: str, change: Any, **kwargs: Any) -> None:
+            self.entered.set()
+            await self.release.wait()
+            try:
+                await super().update(key, change, **kwargs)
+            finally:
+                self.done.set()
+
+    async def main() -> np.ndarray:
+        inner = Gated(str(tmp_path / "s"))
+        inner.entered, inner.release, inner.done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+            arr = await zarr.api.asynchronous.create_array(
+                ShardingStore(inner, (4,)), name="a", shape=(4,), chunks=(1,), dtype="i4", compressors=None
+            )
+            value = np.arange(1, 5, dtype="i4")  # one shard, a whole block: C-contiguous already
+            write = asyncio.ensure_future(arr.setitem(slice(None), value))
+            await inner.entered.wait()
+            write.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await write
+            value[:] = -5  # the caller reuses its array
+            inner.release.set()
+            await inner.done.wait()
+            reread = await zarr.api.asynchronous.open_array(
+                store=ShardingStore(str(tmp_path / "s")), path="a"
+            )
+            return np.asarray(await reread.getitem(slice(None)))
+
+    np.testing.assert_array_equal(asyncio.run(main()), [1, 2, 3, 4])
+
+
+def test_a_write_reads_only_the_chunks_it_covers_in_part(tmp_path: Path) -> None:
+    inner = CountingInner(LocalInner(str(tmp_path / "s")))
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(inner, (4,)), name="a", shape=(64,), chunks=(4,), dtype="i4", compressors=None
+        )
+        arr[:] = np.arange(64, dtype="i4")
+        arr = zarr.open_array(ShardingStore(inner, (4,), read_strategy="chunk"), path="a")
+        inner.counts.reset()
+        arr[0:15] = 8  # chunks 0-2 whole, chunk 3 (the shard's last) in part
+    assert inner.counts.bytes_read == 4 * 16 + 16  # the shard's index, then chunk 3 alone
+    expected = np.arange(64, dtype="i4")
+    expected[0:15] = 8
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], expected)
