@@ -74,6 +74,9 @@ def _gives_value(updates: list[Update] | None) -> bool:
 
 def merge_updates(into: ShardUpdates, updates: Mapping[int, list[Update]]) -> None:
     """Add updates after those already queued: a full value replaces, a splice stacks."""
+    if not into:  # nothing queued yet (a new batch: the common case), either way a copy
+        into.update({pos: list(ups) for pos, ups in updates.items()})
+        return
     for pos, ups in updates.items():
         if independent_of_old(ups):
             into[pos] = list(ups)
