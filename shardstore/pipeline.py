@@ -39,9 +39,9 @@ import dataclasses
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeAlias, cast
+from typing import Any, Self, TypeAlias, TypeVar, cast
 
 import numpy as np
 import zarr
@@ -189,43 +189,27 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         groups = await _by_shard(store, chunks)
         results: list[Any] = [None] * len(chunks)
 
-        def read_ahead(i: int) -> asyncio.Future[dict[int, _Held]] | None:
-            if i == len(groups):
-                return None
-            return asyncio.ensure_future(_fetch(store, chunks, groups[i], everything=True))
+        async def decode(group: list[int], held: dict[int, _Held]) -> None:
+            items = [(held[n], *chunks[n][1:]) for n in group]
+            got: Sequence[Any] | None
+            if codec is None:
+                got = await self.read_batch(items, out, drop_axes)
+            else:  # decoded straight into the output, by a thread per core
+                reports: list[Any] = [None] * len(items)
+                failed: list[int] = []
+                scatter = functools.partial(
+                    scatter_chunks, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
+                )
+                await _in_parallel(scatter, len(items))
+                if failed:  # zarr's codecs decode them, or say what is wrong
+                    redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
+                    for k, result in zip(failed, redone or (), strict=False):
+                        reports[k] = result
+                got = reports
+            for n, result in zip(group, got or (), strict=False):
+                results[n] = result
 
-        ahead = read_ahead(0)
-        try:
-            for i, group in enumerate(groups):
-                assert ahead is not None
-                held = await ahead
-                ahead = read_ahead(i + 1)  # the next group's read under way while this one decodes
-                items = [(held[n], *chunks[n][1:]) for n in group]
-                got: Sequence[Any] | None
-                if codec is None:
-                    got = await self.read_batch(items, out, drop_axes)
-                else:  # decoded straight into the output, by a thread per core
-                    reports: list[Any] = [None] * len(items)
-                    failed: list[int] = []
-                    scatter = functools.partial(
-                        scatter_chunks,
-                        codec,
-                        items,
-                        out=out,
-                        drop_axes=drop_axes,
-                        reports=reports,
-                        failed=failed,
-                    )
-                    await _in_parallel(scatter, len(items))
-                    if failed:  # zarr's codecs decode them, or say what is wrong
-                        redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
-                        for k, result in zip(failed, redone or (), strict=False):
-                            reports[k] = result
-                    got = reports
-                for n, result in zip(group, got or (), strict=False):
-                    results[n] = result
-        finally:
-            await _settle(ahead)
+        await _ahead(groups, lambda group: _fetch(store, chunks, group, everything=True), decode)
         return tuple(results) if None not in results else None
 
     async def _read_shards(
@@ -246,33 +230,23 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         results: list[Any] = [None] * len(chunks)
         groups = _groups(routed, internals.fetch_concurrency)
 
-        def read_ahead(i: int) -> asyncio.Future[list[ShardSnapshot]] | None:
-            if i == len(groups):
-                return None
-            wanted = _wanted(chunks, routed, [(s, members[s]) for s in groups[i]])
-            return asyncio.ensure_future(internals.read_shards(wanted))
+        def fetch(group: range) -> Awaitable[list[ShardSnapshot]]:
+            return internals.read_shards(_wanted(chunks, routed, [(s, members[s]) for s in group]))
 
-        ahead = read_ahead(0)
-        try:
-            for i, group in enumerate(groups):
-                assert ahead is not None
-                snapshots = await ahead
-                ahead = read_ahead(i + 1)  # the next group's read under way while this one decodes
-                parts = _parts(routed, members, origins, group, snapshots)
-                del snapshots  # (a shard's bytes go once its chunks are decoded)
-                failed: list[tuple[int, bytes | None]] = []
-                scatter = functools.partial(
-                    scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
-                    reports=results, failed=failed,
-                )  # fmt: skip
-                await _in_parallel(scatter, len(parts))
-                del parts
-                if failed:  # zarr's codecs decode them, or say what is wrong
-                    redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
-                    for (n, _), result in zip(failed, redone or (), strict=False):
-                        results[n] = result
-        finally:
-            await _settle(ahead)
+        async def decode(group: range, snapshots: list[ShardSnapshot]) -> None:
+            parts = _parts(routed, members, origins, group, snapshots)
+            failed: list[tuple[int, bytes | None]] = []
+            scatter = functools.partial(
+                scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
+                reports=results, failed=failed,
+            )  # fmt: skip
+            await _in_parallel(scatter, len(parts))
+            if failed:  # zarr's codecs decode them, or say what is wrong
+                redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
+                for (n, _), result in zip(failed, redone or (), strict=False):
+                    results[n] = result
+
+        await _ahead(groups, fetch, decode)
         return tuple(results) if REPORTS else None
 
     async def write(
@@ -315,18 +289,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     held_chunk.written.append((held_chunk.path, data))
             return [item for n in group for item in held[n].written]
 
-        groups = await _by_shard(store, chunks)
-        ahead: asyncio.Future[list[tuple[str, Buffer | bytes | None]]] | None
-        ahead = asyncio.ensure_future(encoded(groups[0]))
-        try:
-            for i in range(len(groups)):
-                assert ahead is not None
-                ready = await ahead
-                # the next group encodes while this one commits (two groups in memory at most)
-                ahead = asyncio.ensure_future(encoded(groups[i + 1])) if i + 1 < len(groups) else None
-                await store.set_many(ready)
-        finally:
-            await _settle(ahead)
+        await _ahead(await _by_shard(store, chunks), encoded, lambda _, ready: store.set_many(ready))
 
     async def _write_shards(
         self,
@@ -373,18 +336,34 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         new[k][place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        ahead: asyncio.Future[list[tuple[ShardAddress, dict[int, Any]]]] | None
-        ahead = asyncio.ensure_future(encoded(groups[0]))
-        try:
-            for i in range(len(groups)):
-                assert ahead is not None
-                ready = await ahead
-                # the next group encodes while this one commits (two groups in memory at most)
-                ahead = asyncio.ensure_future(encoded(groups[i + 1])) if i + 1 < len(groups) else None
-                await internals.write_shards(ready)
-                del ready
-        finally:
-            await _settle(ahead)
+        await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready))
+
+
+G = TypeVar("G")
+R = TypeVar("R")
+
+
+async def _ahead(
+    groups: Sequence[G],
+    prepare: Callable[[G], Awaitable[R]],
+    finish: Callable[[G, R], Awaitable[None]],
+) -> None:
+    """``finish(group, await prepare(group))`` for each group in turn, the next group's
+    ``prepare`` under way while this one finishes (a read while the last decodes, an
+    encoding while the last commits): two groups in memory at most, each let go as
+    soon as it is finished."""
+    if not groups:
+        return
+    ahead: asyncio.Future[R] | None = asyncio.ensure_future(prepare(groups[0]))
+    try:
+        for i, group in enumerate(groups):
+            assert ahead is not None
+            ready = await ahead
+            ahead = asyncio.ensure_future(prepare(groups[i + 1])) if i + 1 < len(groups) else None
+            await finish(group, ready)
+            del ready
+    finally:
+        await _settle(ahead)
 
 
 async def _settle(pending: asyncio.Future[Any] | None) -> None:
