@@ -22,7 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
@@ -58,10 +58,10 @@ ChunkRead = tuple[ChunkRef, ByteRequest | None]
 """A chunk, and the range of its stored bytes wanted (None: all)."""
 
 
-def _covers(shard: ShardRef, positions: Set[int]) -> bool:
+def _covers(shard: ShardRef, positions: set[int]) -> bool:
     """Whether ``positions`` are every chunk of the shard inside the array."""
     places = shard.places_in_grid()
-    return places is not None and len(positions) >= len(places) and positions >= set(places)
+    return places is not None and len(positions) >= len(places) and positions.issuperset(places)
 
 
 @dataclass
@@ -70,12 +70,12 @@ class _Ways:
     cache (``cached[i]`` not None), revalidated (``recheck``: with the snapshot kept),
     fetched whole (``whole``; those in ``passing`` not cached), or by ranges."""
 
+    shards: list[ShardRef]
     cached: list[ShardSnapshot | None]
     recheck: list[tuple[int, ShardSnapshot]]
     whole: list[int]
     passing: set[str]
     ranged: list[int]
-    shards: list[ShardRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -196,9 +196,10 @@ class ShardReader:
         assert all(snapshot is not None for snapshot in got)
         return got  # type: ignore[return-value]
 
-    def _ways(self, wanted: Sequence[tuple[ShardRef, Set[int]]]) -> _Ways:
+    def _ways(self, wanted: Sequence[tuple[ShardRef, set[int]]]) -> _Ways:
         """How each shard of a read is served, by the places wanted of it."""
-        ways = _Ways([self._cached(shard.key) for shard, _ in wanted], [], [], set(), [])
+        shards = [shard for shard, _ in wanted]
+        ways = _Ways(shards, [self._cached(shard.key) for shard in shards], [], [], set(), [])
         for i, (shard, positions) in enumerate(wanted):
             if ways.cached[i] is not None:
                 continue
@@ -214,7 +215,6 @@ class ShardReader:
                     ways.passing.add(shard.key)
             else:
                 ways.ranged.append(i)
-        ways.shards = [shard for shard, _ in wanted]
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "read chunks of %d shard(s): %d from the shard cache, %d revalidated, %d fetched whole, "
@@ -262,7 +262,7 @@ class ShardReader:
             return None
         return snapshot
 
-    def _wants_whole(self, shard: ShardRef, positions: Set[int]) -> bool:
+    def _wants_whole(self, shard: ShardRef, positions: set[int]) -> bool:
         nominal = shard.nominal_nbytes
         small = self._whole_limit is None or (nominal is not None and nominal <= self._whole_limit)
         again = self._whole in ("repeat", "first") and self._repeated(shard.key)
