@@ -6,7 +6,7 @@ A shard whose chunks in the selection are its whole block of the output (or of t
 value) is one numpy operation when its chunks are stored raw (:mod:`shardstore.blocks`);
 every other chunk is decoded or encoded alone. Each function works on a ``part``
 (a range of its items), so that a thread per core takes a share
-(:func:`shardstore.pipeline._in_parallel`); the codecs release the GIL.
+(:func:`shardstore.tasks.in_threads`); the codecs release the GIL.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ benchmarks assert on these. Wrap any inner store::
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ class CountingInner(DelegatingInner):
     def __init__(self, inner: Any, storage_options: dict[str, Any] | None = None) -> None:
         super().__init__(adapt(inner, storage_options))
         self.counts = RequestCounts()
+        self._lock = threading.Lock()
 
     def _count_reads(
         self, requests: Sequence[tuple[str, ByteRequest | None]], values: list[bytes | None]
@@ -101,18 +103,38 @@ class CountingInner(DelegatingInner):
     async def update(
         self, key: str, change: Change, *, read_old: bool = True, attempts: int = DEFAULT_ATTEMPTS
     ) -> None:
+        await self.inner.update(
+            key, self._counted(key, change, read_old), read_old=read_old, attempts=attempts
+        )
+
+    async def update_many(
+        self,
+        changes: Sequence[tuple[str, Change]],
+        *,
+        read_old: bool = True,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> list[Exception | None]:
+        counted = [(key, self._counted(key, change, read_old)) for key, change in changes]
+        return await self.inner.update_many(counted, read_old=read_old, attempts=attempts)
+
+    def _counted(self, key: str, change: Change, read_old: bool) -> Change:
+        """``change``, counting what it reads and writes (in the inner store's worker
+        threads, several at once: under a lock, so that no count is lost)."""
+
         def counted(old: bytes | None) -> bytes | None:
             if read_old:
-                self._count_reads([(key, None)], [old])
+                with self._lock:
+                    self._count_reads([(key, None)], [old])
             new = change(old)
-            if new is None and (old is not None or not read_old):
-                self.counts.deletes += 1
-            elif new is not None and new is not UNCHANGED:
-                self.counts.writes += 1
-                self.counts.bytes_written += len(new)
+            with self._lock:
+                if new is None and (old is not None or not read_old):
+                    self.counts.deletes += 1
+                elif new is not None and new is not UNCHANGED:
+                    self.counts.writes += 1
+                    self.counts.bytes_written += len(new)
             return new
 
-        await self.inner.update(key, counted, read_old=read_old, attempts=attempts)
+        return counted
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         appended = 0

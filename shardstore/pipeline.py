@@ -38,7 +38,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeAlias, TypeVar, cast
@@ -72,6 +71,7 @@ from shardstore.errors import ShardingConfigError
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.routing import RoutedChunks
 from shardstore.store import ShardingStore
+from shardstore.tasks import in_threads
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
 
@@ -200,7 +200,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 scatter = functools.partial(
                     scatter_chunks, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
                 )
-                await _in_parallel(scatter, len(items))
+                await in_threads(scatter, len(items))
                 if failed:  # zarr's codecs decode them, or say what is wrong
                     redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
                     for k, result in zip(failed, redone or (), strict=False):
@@ -240,7 +240,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
                 reports=results, failed=failed,
             )  # fmt: skip
-            await _in_parallel(scatter, len(parts))
+            await in_threads(scatter, len(parts))
             if failed:  # zarr's codecs decode them, or say what is wrong
                 redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
                 for (n, _), result in zip(failed, redone or (), strict=False):
@@ -280,7 +280,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 merge = functools.partial(
                     merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=new
                 )
-                await _in_parallel(merge, len(items))
+                await in_threads(merge, len(items))
             if codec is None or any(isinstance(e, Exception) for e in new):
                 await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
@@ -323,7 +323,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
                 encoded=new, failed=failed,
             )  # fmt: skip
-            await _in_parallel(encode, len(parts))
+            await in_threads(encode, len(parts))
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
                 await self.write_batch(items, value, drop_axes)
@@ -388,20 +388,6 @@ def _direct(
     if not chunks or not isinstance(array.as_ndarray_like(), np.ndarray):
         return None
     return chunk_codec(list(pipeline), chunks[0][1])
-
-
-async def _in_parallel(work: Callable[[range], None], n: int) -> None:
-    """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
-    (the codecs release the GIL while they compress); all done when this returns."""
-    step = -(-n // (os.cpu_count() or 1))
-    parts = [range(i, min(i + step, n)) for i in range(0, n, step)]
-    threads = asyncio.gather(*(asyncio.to_thread(work, part) for part in parts))
-    try:
-        await asyncio.shield(threads)
-    except asyncio.CancelledError:  # a thread cannot be stopped: it ends before the call unwinds
-        with contextlib.suppress(Exception):
-            await threads
-        raise
 
 
 def _paths(chunks: Sequence[ChunkInfo]) -> list[str]:

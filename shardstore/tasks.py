@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["at_work", "gather", "in_flight", "run_at_exit", "settle", "spawn"]
+__all__ = ["at_work", "gather", "in_flight", "in_threads", "run_at_exit", "settle", "spawn"]
 
 T = TypeVar("T")
 
@@ -65,6 +65,25 @@ async def gather(*awaitables: Awaitable[T]) -> list[T]:
         for other in outcomes:
             if isinstance(other, Exception) and other is not first:
                 first.add_note(f"also failed at the same time: {type(other).__name__}: {other}")
+        raise
+
+
+async def in_threads(work: Callable[[range], None], n: int) -> None:
+    """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
+    (for work that releases the GIL: codecs, system calls); all done when this
+    returns, also when the call is cancelled (a thread cannot be stopped: it ends
+    before the call unwinds)."""
+    if n == 0:
+        return
+    step = -(-n // (os.cpu_count() or 1))
+    threads = asyncio.gather(
+        *(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step))
+    )
+    try:
+        await asyncio.shield(threads)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await threads
         raise
 
 

@@ -183,10 +183,16 @@ def test_a_commit_that_outlives_its_cancelled_write_keeps_what_was_written(tmp_p
         done: asyncio.Event
 
         async def update(self, key: str, change: Any, **kwargs: Any) -> None:
+            await self.gated(super().update(key, change, **kwargs))
+
+        async def update_many(self, changes: Any, **kwargs: Any) -> Any:
+            return await self.gated(super().update_many(changes, **kwargs))
+
+        async def gated(self, commit: Any) -> Any:
             self.entered.set()
             await self.release.wait()
             try:
-                await super().update(key, change, **kwargs)
+                return await commit
             finally:
                 self.done.set()
 

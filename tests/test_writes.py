@@ -12,7 +12,7 @@ import pytest
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
-from shardstore import BatchCommitError, ShardingStore
+from shardstore import BatchCommitError, InnerStoreError, ShardingStore
 from shardstore.inner import LocalInner, MappingInner
 from shardstore.inner.base import Capabilities
 from shardstore.instrument import CountingInner
@@ -159,6 +159,66 @@ def test_default_single_chunk_update_is_one_read_and_one_write() -> None:
     arr[16:32, 32:48] = 2  # exactly chunk (1, 2), in shard (0, 0): zarr reads nothing
     assert counted.counts.writes == 1
     assert counted.counts.read_keys["a/c/0/0"] == 1  # the read-modify-write of that shard
+
+
+class _CommitCalls(LocalInner):
+    """A local directory that records its commits: one ``update_many`` call's keys, or
+    one ``update``'s; ``refused`` keys fail as a disk would."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.calls: list[list[str]] = []
+        self.refused: set[str] = set()
+
+    async def update(self, key: str, change: Any, **kwargs: Any) -> None:
+        self.calls.append([key])
+        await super().update(key, change, **kwargs)
+
+    async def update_many(self, changes: Any, **kwargs: Any) -> list[Exception | None]:
+        self.calls.append([key for key, _ in changes])
+        return await super().update_many(changes, **kwargs)
+
+    def _update(self, path: Path, change: Any, read_old: bool) -> None:
+        if path.relative_to(self.root).as_posix() in self.refused:
+            raise OSError(28, "No space left on device")
+        super()._update(path, change, read_old)
+
+
+def test_shards_a_write_replaces_whole_are_committed_together_without_reads(tmp_path: Path) -> None:
+    """Shards whose every chunk a write decides (fill-value chunks included: zarr erases
+    them) need no read and no turn in the commit queue: one ``update_many`` call for
+    them; a shard cut in part is a read-modify-write of its own."""
+    inner = _CommitCalls(tmp_path)
+    counted = CountingInner(inner)
+    store = ShardingStore(counted, chunks_per_shard=CPS)
+    arr = _array(store, fill_value=0)
+    data = sample(SHAPE, "f4")
+    data[:16, :16] = 0  # one chunk of shard (0, 0) is the fill value: erased, not stored
+    counted.counts.reset()
+    arr[:] = data
+    assert inner.calls == [sorted(f"a/c/{i}/{j}" for i in range(4) for j in range(4))]
+    assert counted.counts.reads == 0 and counted.counts.writes == 16
+    inner.calls.clear()
+    arr[:72, :8] = 7  # all of shard (0, 0)'s first column and part of shard (1, 0)'s
+    assert sorted(map(tuple, inner.calls)) == [("a/c/0/0",), ("a/c/1/0",)]
+    data[:72, :8] = 7
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(LocalInner(tmp_path)), path="a")[:], data)
+
+
+def test_a_failed_commit_among_shards_replaced_together_names_its_shard_and_the_rest_land(
+    tmp_path: Path,
+) -> None:
+    inner = _CommitCalls(tmp_path)
+    arr = _array(ShardingStore(inner, chunks_per_shard=CPS))
+    arr[:] = 1
+    inner.refused = {"a/c/2/1", "a/c/3/3"}
+    with pytest.raises(InnerStoreError, match=r"'a/c/2/1'.*No space left") as caught:
+        arr[:] = 2
+    assert any("'a/c/3/3'" in note for note in caught.value.__notes__)  # the other failure, as a note
+    got = zarr.open_array(ShardingStore(LocalInner(tmp_path)), path="a")[:]
+    shards = got.reshape(4, 64, 4, 64).transpose(0, 2, 1, 3)
+    assert (shards[2, 1] == 1).all() and (shards[3, 3] == 1).all()  # the previous shards, intact
+    assert (shards == 2).all(axis=(2, 3)).sum() == 14  # every other shard written
 
 
 # -- append ------------------------------------------------------------------------------------

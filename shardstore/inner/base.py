@@ -239,6 +239,28 @@ class InnerStore(ABC):
         """Names the storage location, so store instances over it share locks."""
         return repr(self)
 
+    async def update_many(
+        self,
+        changes: Sequence[tuple[str, Change]],
+        *,
+        read_old: bool = True,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> list[Exception | None]:
+        """:meth:`update` of several objects, each on its own terms, concurrently: what
+        each one raised (a ShardStoreError naming its key; None: done), every one
+        settled when this returns. Adapters for which one call for many is cheaper
+        override it (a local directory: a thread hop per core, not per object)."""
+
+        async def one(key: str, change: Change) -> Exception | None:
+            try:
+                with failure("update", key):
+                    await self.update(key, change, read_old=read_old, attempts=attempts)
+            except Exception as exc:
+                return exc
+            return None
+
+        return await gather(*(one(key, change) for key, change in changes))
+
     async def read_for_update(self, key: str) -> tuple[bytes | None, Hashable]:
         """The object's bytes and a version that :meth:`write_if` can check."""
         return await self.get(key), ANY_VERSION

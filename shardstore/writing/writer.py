@@ -34,6 +34,7 @@ from shardstore.errors import BatchCommitError, PartialShardWriteError
 from shardstore.formats.base import EMPTIED, Change
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
+from shardstore.inner.base import Change as ObjectChange
 from shardstore.tasks import gather, spawn
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
@@ -160,8 +161,23 @@ class ShardWriter:
             self._on_commit(shard_key)
 
     async def write_all(self, by_shard: UpdatesByShard) -> None:
-        """Updates to several shards, one commit each, concurrently."""
-        await gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
+        """Updates to several shards, one commit each, concurrently. Outside a batch the
+        shards the updates replace whole are committed together (:meth:`_replace_all`)."""
+        replaced = self._replaced
+        whole = [] if self._buffer is not None else [su for su in by_shard.values() if replaced(*su)]
+        if not whole:
+            await gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
+            return
+        rest = [su for su in by_shard.values() if not replaced(*su)] if len(whole) < len(by_shard) else []
+        await gather(self._replace_all(whole), *(self.write(shard, ups) for shard, ups in rest))
+
+    def _replaced(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
+        """Whether updates decide every chunk of the shard and leave it one, or the inner
+        store orders deletes (elsewhere a shard emptied is read, then kept empty: see
+        ``Capabilities.ordered_deletes``)."""
+        return replaces_shard(shard, updates) and (
+            self._inner.capabilities.ordered_deletes or any(ups[-1] is not None for ups in updates.values())
+        )
 
     def pending(self, chunk: ChunkAddress) -> list[Update] | None:
         """Buffered updates to a chunk that are not in the inner store yet."""
@@ -263,6 +279,44 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
+    async def _replace_all(self, shards: list[tuple[ShardAddress, ShardUpdates]]) -> None:
+        """Commit shards whose every chunk the updates decide, in one
+        :meth:`InnerStore.update_many`: nothing to read, merge or append, so no turn in
+        the commit queue either (the inner store orders each commit against any other
+        writer of its shard, as it does a queued one). Like a queued commit, it goes on
+        if the caller is cancelled."""
+        task = spawn(self._commit_replaced(shards))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_retrieved)
+            raise
+
+    async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardUpdates]]) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            for shard, ups in shards:
+                log.debug("commit %r: %d chunk(s), replaced whole", shard.key, len(ups))
+        keep_empty = not self._inner.capabilities.ordered_deletes
+        changes: list[tuple[str, ObjectChange]] = [
+            (
+                shard.key,
+                functools.partial(
+                    rebuilt_shard, shard.shard_format, shard.key, updates=ups, keep_empty=keep_empty
+                ),
+            )
+            for shard, ups in shards
+        ]
+        try:
+            errors = await self._inner.update_many(changes, read_old=False, attempts=self._attempts)
+        finally:
+            for shard, _ in shards:
+                self._on_commit(shard.key)
+        failed = [exc for exc in errors if exc is not None]
+        if failed:
+            for other in failed[1:]:
+                failed[0].add_note(f"also failed at the same time: {type(other).__name__}: {other}")
+            raise failed[0]
+
     async def _commit_by_strategy(self, job: _Job, updates: ShardUpdates) -> None:
         shard = job.shard
         if self._inner.capabilities.merged_by_key:
@@ -313,6 +367,11 @@ class ShardWriter:
         if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
             await self._rewrite(shard, updates, read_old=True)
         return True
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # (its outcome is nobody's news: its caller was cancelled)
 
 
 def _refuse_unless_replaced(inner: InnerStore, job: _Job, updates: ShardUpdates) -> None:
