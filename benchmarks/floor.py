@@ -700,6 +700,9 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
         print(f"{label} {c.seconds:9.5f} {ratio} {counts}{peak}{trips}")
 
 
+DATASETS = ("main", "big", "raw", "cube", "tiny")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -713,7 +716,15 @@ def main() -> None:
         "--repeats", type=int, default=None, help="best of (default: 2 local, 1 on S3; 1 with --quick)"
     )
     parser.add_argument("--size", type=int, default=None, help="side of the main array (default 2048)")
+    parser.add_argument(
+        "--datasets",
+        default=",".join(DATASETS),
+        help=f"which datasets to run, comma-separated (default: all of {','.join(DATASETS)})",
+    )
     args = parser.parse_args()
+    chosen = set(args.datasets.split(","))
+    if not chosen <= set(DATASETS):
+        parser.error(f"--datasets: unknown {sorted(chosen - set(DATASETS))}; choose from {DATASETS}")
     if args.size is not None and (args.size <= 0 or args.size % 512):
         parser.error("--size must be a positive multiple of 512 (a shard of the main array)")
     repeats = args.repeats or (1 if args.quick else 2)
@@ -747,6 +758,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             local = LocalBackend(tmp)
             for ds, n, m, _, _ in [*plan, (tiny_ds, 0, 0, 0, 0)]:
+                if ds.name not in chosen:
+                    continue
                 report(local, ds, run(local, ds, n, m, repeats), n, m, repeats)
     if args.only != "local":
         os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"  # moto's
@@ -754,6 +767,8 @@ def main() -> None:
             remote = S3Backend(s3, args.latency_ms / 1000)
             s3.latency_s = remote.latency_s
             for ds, _, _, n, m in plan:
+                if ds.name not in chosen:
+                    continue
                 report(remote, ds, run(remote, ds, n, m, s3_repeats), n, m, s3_repeats)
     print(f"\n# total {time.perf_counter() - t0:.0f} s")
 
