@@ -308,7 +308,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         internals = store.internals
         members = _members(routed)
         origins = _origins(chunks, routed, drop_axes)
-        groups = _groups(routed, internals.fetch_concurrency)
+        groups = _groups(routed, internals.fetch_concurrency, held=WRITE_GROUPS)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any]]]:
@@ -336,7 +336,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         new[k][place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready))
+        await _ahead(
+            groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=WRITE_GROUPS - 1
+        )
 
 
 G = TypeVar("G")
@@ -347,23 +349,42 @@ async def _ahead(
     groups: Sequence[G],
     prepare: Callable[[G], Awaitable[R]],
     finish: Callable[[G, R], Awaitable[None]],
+    *,
+    finishing: int = 1,
 ) -> None:
-    """``finish(group, await prepare(group))`` for each group in turn, the next group's
-    ``prepare`` under way while this one finishes (a read while the last decodes, an
-    encoding while the last commits): two groups in memory at most, each let go as
-    soon as it is finished."""
+    """``finish(group, await prepare(group))`` for each group: one group prepared at a
+    time, in order, the next one under way while up to ``finishing`` earlier ones
+    finish (a read while the last decodes; an encoding while the last commits, or
+    several: commits wait on storage, and a commit that starts as soon as its group
+    is encoded keeps both the cores and the storage busy). ``finishing + 1`` groups
+    in memory at most, each let go as soon as it is finished; the first failure
+    ends the call, after what it started has ended."""
     if not groups:
         return
     ahead: asyncio.Future[R] | None = asyncio.ensure_future(prepare(groups[0]))
+    running: set[asyncio.Future[None]] = set()
     try:
         for i, group in enumerate(groups):
             assert ahead is not None
             ready = await ahead
+            while len(running) >= finishing:
+                running = await _one_finished(running)
             ahead = asyncio.ensure_future(prepare(groups[i + 1])) if i + 1 < len(groups) else None
-            await finish(group, ready)
+            running.add(asyncio.ensure_future(finish(group, ready)))
             del ready
+        while running:
+            running = await _one_finished(running)
     finally:
-        await _settle(ahead)
+        for pending in [ahead, *running]:
+            await _settle(pending)
+
+
+async def _one_finished(running: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
+    """Those of ``running`` still running once one has ended (raising its error)."""
+    done, still = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    for future in done:
+        future.result()
+    return still
 
 
 async def _settle(pending: asyncio.Future[Any] | None) -> None:
@@ -404,15 +425,18 @@ def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
 GROUP_BYTES = 8 << 20
 """Small shards go in groups this big (before compression): a group costs a round of
 requests and a thread hop or two whatever its size."""
+WRITE_GROUPS = 4
+"""Groups a write holds at once: one encoded while the others commit (a read holds
+two: one fetched while the other decodes)."""
 
 
-def _groups(routed: RoutedChunks, fetch_concurrency: int) -> list[range]:
-    """Shards in groups of half ``fetch_concurrency``, or of as many small shards as
-    hold GROUP_BYTES: with one group read or encoded ahead, ``fetch_concurrency``
-    shards (or twice GROUP_BYTES) at most are held at once."""
+def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list[range]:
+    """Shards in ``held`` groups per ``fetch_concurrency``, or of as many small shards as
+    hold GROUP_BYTES / ``held``: with ``held`` groups in memory at once (see
+    :func:`_ahead`), ``fetch_concurrency`` shards (or twice GROUP_BYTES) at most."""
     n_shards = len(routed.shards)
     nominal = routed.shards[0].nominal_nbytes if n_shards else None
-    size = max(1, fetch_concurrency // 2, GROUP_BYTES // nominal if nominal else 0)
+    size = max(1, fetch_concurrency // held, 2 * GROUP_BYTES // held // nominal if nominal else 0)
     return [range(i, min(i + size, n_shards)) for i in range(0, n_shards, size)]
 
 

@@ -7,6 +7,7 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import re
@@ -520,3 +521,80 @@ def test_no_choice_warning_under_shardstores_pipeline_or_once_the_default_was_de
         with zarr.config.set({"codec_pipeline.path": ZARR_PIPELINE}):
             _round_trip(ShardingStore(str(tmp_path / "declined"), (2, 2)), data)
     assert not _choice_warnings(said)
+
+
+# -- groups in flight -----------------------------------------------------------------
+
+
+@given(
+    finishing=st.integers(1, 4),
+    prepare_turns=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    finish_turns=st.lists(st.integers(0, 6), min_size=12, max_size=12),
+)
+def test_groups_are_prepared_one_at_a_time_and_at_most_finishing_plus_one_are_held(
+    finishing: int, prepare_turns: list[int], finish_turns: list[int]
+) -> None:
+    """Whatever each step's duration (in loop turns): every group is prepared, in order,
+    one at a time, and finished once; never more than ``finishing`` finish at once,
+    nor more than ``finishing + 1`` are held (prepared or being prepared, not finished)."""
+    groups = list(range(len(prepare_turns)))
+    preparing, finishing_now, held, peaks = set(), set(), set(), {"prepare": 0, "finish": 0, "held": 0}
+    order: list[int] = []
+    finished: list[int] = []
+
+    async def prepare(g: int) -> int:
+        preparing.add(g)
+        held.add(g)
+        order.append(g)
+        peaks["prepare"] = max(peaks["prepare"], len(preparing))
+        peaks["held"] = max(peaks["held"], len(held))
+        for _ in range(prepare_turns[g]):
+            await asyncio.sleep(0)
+        preparing.discard(g)
+        return g * 10
+
+    async def finish(g: int, ready: int) -> None:
+        assert ready == g * 10
+        finishing_now.add(g)
+        peaks["finish"] = max(peaks["finish"], len(finishing_now))
+        for _ in range(finish_turns[g]):
+            await asyncio.sleep(0)
+        finishing_now.discard(g)
+        held.discard(g)
+        finished.append(g)
+
+    asyncio.run(shardstore.pipeline._ahead(groups, prepare, finish, finishing=finishing))
+    assert order == groups and sorted(finished) == groups
+    assert peaks["prepare"] == 1 and peaks["finish"] <= finishing and peaks["held"] <= finishing + 1
+
+
+def test_a_failed_group_ends_the_call_after_what_it_started_has_ended() -> None:
+    """The first failure is raised once no prepare or finish it started still runs."""
+    running: set[int] = set()
+    seen_running_after: list[set[int]] = []
+
+    async def prepare(g: int) -> int:
+        running.add(-g - 1)
+        try:
+            await asyncio.sleep(0.001 * g)
+        finally:
+            running.discard(-g - 1)
+        return g
+
+    async def finish(g: int, ready: int) -> None:
+        running.add(g)
+        try:
+            for _ in range(5 if g != 2 else 1):
+                await asyncio.sleep(0)
+            if g == 2:
+                raise OSError("disk full at group 2")
+        finally:
+            running.discard(g)
+
+    async def main() -> None:
+        with pytest.raises(OSError, match="group 2"):
+            await shardstore.pipeline._ahead(list(range(8)), prepare, finish, finishing=3)
+        seen_running_after.append(set(running))
+
+    asyncio.run(main())
+    assert seen_running_after == [set()]
