@@ -70,21 +70,24 @@ async def gather(*awaitables: Awaitable[T]) -> list[T]:
 
 async def in_threads(work: Callable[[range], None], n: int) -> None:
     """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
-    (for work that releases the GIL: codecs, system calls); all done when this
-    returns, also when the call is cancelled (a thread cannot be stopped: it ends
-    before the call unwinds)."""
+    (for work that releases the GIL: codecs, system calls); every slice has ended
+    when this returns or raises (the first error), also when the call is cancelled:
+    a thread cannot be stopped, so it ends before the call unwinds."""
     if n == 0:
         return
     step = -(-n // (os.cpu_count() or 1))
     threads = asyncio.gather(
-        *(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step))
+        *(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step)),
+        return_exceptions=True,
     )
     try:
-        await asyncio.shield(threads)
+        outcomes = await asyncio.shield(threads)
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await threads
+        await threads
         raise
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from shardstore import tasks
 from shardstore.tasks import at_work, gather, in_flight, settle, spawn
 
 
@@ -164,3 +165,27 @@ def test_settle_leaves_the_callers_own_loop_alone() -> None:
         return alive
 
     assert asyncio.run(scenario())
+
+
+def test_in_threads_shares_the_work_out_and_raises_only_once_every_slice_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One slice per core; a failing slice's error is raised after the other slices end
+    (nothing runs on after the call), and every item is worked on exactly once."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    parts: list[range] = []
+    asyncio.run(tasks.in_threads(parts.append, 7))
+    assert sorted(parts, key=lambda r: r.start) == [range(0, 4), range(4, 7)]
+
+    failed, ended = threading.Event(), threading.Event()
+
+    def failing(part: range) -> None:
+        if 0 in part:
+            failed.set()
+            raise OSError("slice 0 failed")
+        assert failed.wait(timeout=30)
+        ended.set()
+
+    with pytest.raises(OSError, match="slice 0"):
+        asyncio.run(tasks.in_threads(failing, 2))
+    assert ended.is_set()

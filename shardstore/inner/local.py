@@ -43,6 +43,24 @@ def committed_size(path: Path, stat: os.stat_result) -> int:
     return size if inode == stat.st_ino and size < stat.st_size else stat.st_size
 
 
+BULKY_BYTES = 1 << 20
+"""Ranges read in one batch that, together, are worth a thread per core."""
+
+
+def _bulky(requests: Sequence[tuple[str, ByteRequest | None]]) -> bool:
+    """Whether a batch of reads moves enough bytes to share it out over the cores:
+    several whole objects (shards fetched whole), or ranges of BULKY_BYTES or more."""
+    if len(requests) < 2:
+        return False
+    total = 0
+    for _, byte_range in requests:
+        if byte_range is None:
+            return True
+        if isinstance(byte_range, RangeByteRequest):
+            total += byte_range.end - byte_range.start
+    return total >= BULKY_BYTES
+
+
 class LocalInner(InnerStore):
     """The directory ``root`` as an inner store. Objects are replaced atomically
     (temporary file, then rename), so neither a concurrent reader nor a crash ever
@@ -68,20 +86,27 @@ class LocalInner(InnerStore):
             return await asyncio.to_thread(self._read, self._path(key), byte_range)
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        # One thread hop for the whole batch: local reads are fast, hops are not.
-        with failure("read", requests[0][0] if requests else ""):
-            return await asyncio.to_thread(lambda: [self._read(self._path(k), r) for k, r in requests])
+        return [value for value, _ in await self.get_many_versioned(requests, [None] * len(requests))]
 
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
+        # One thread hop for the batch (local reads are fast, hops are not), or one per
+        # core for shards read whole: such a read is mostly a copy, which one core
+        # alone serialises.
+        got: list[tuple[bytes | None, Hashable | None]] = [(None, None)] * len(requests)
+
+        def read(part: range) -> None:
+            for k in part:
+                key, byte_range = requests[k]
+                got[k] = self._read_versioned(self._path(key), byte_range, expected[k])
+
         with failure("read", requests[0][0] if requests else ""):
-            return await asyncio.to_thread(
-                lambda: [
-                    self._read_versioned(self._path(k), r, e)
-                    for (k, r), e in zip(requests, expected, strict=True)
-                ]
-            )
+            if _bulky(requests):
+                await in_threads(read, len(requests))
+            else:
+                await asyncio.to_thread(read, range(len(requests)))
+        return got
 
     def version(self, key: str) -> Hashable | None:
         try:
