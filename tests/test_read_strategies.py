@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from shardstore.options import ReadPolicy, StoreOptions
 from shardstore.reading.cache import IndexCache, ShardCache
 from shardstore.reading.reader import ShardReader
 
-from .helpers import later_clock
+from .helpers import later_clock, turns_until
 
 DATA = np.arange(32 * 32, dtype="u2").reshape(32, 32)
 
@@ -345,3 +346,44 @@ async def test_a_read_under_way_during_an_own_write_is_not_cached() -> None:
     old = await reading
     assert old.tolist() in (DATA[0:2, 0:2].tolist(), [[555, 555], [555, 555]])
     np.testing.assert_array_equal(await arr.getitem((slice(0, 2), slice(0, 2))), 555)
+
+
+def test_a_read_after_a_write_does_not_join_a_fetch_sent_before_it(tmp_path: Path) -> None:
+    """A read of a shard joins a fetch of it already under way, unless the shard was
+    written through the store since that fetch was sent: then it fetches afresh, and
+    sees what was written."""
+
+    class Gated(LocalInner):
+        armed = False
+        gate = threading.Event()
+        inside = threading.Event()
+
+        def _read_versioned(self, path: Any, byte_range: Any, expected: Any) -> Any:
+            if self.armed and byte_range is None and path.name == "0" and path.parent.name == "0":
+                self.armed = False  # the first whole fetch of shard a/c/0/0 only
+                self.inside.set()
+                assert self.gate.wait(timeout=60)
+            return super()._read_versioned(path, byte_range, expected)
+
+    async def main() -> tuple[np.ndarray, np.ndarray]:
+        inner = Gated(tmp_path)
+        store = ShardingStore(inner, (2, 2), read_strategy="shard")
+        arr = await zarr.api.asynchronous.create_array(
+            store, name="a", shape=(8, 8), chunks=(2, 2), dtype="i4", fill_value=0
+        )
+        await arr.setitem(slice(None), np.ones((8, 8), "i4"))
+        fresh = await zarr.api.asynchronous.open_array(store=store, path="a")
+        inner.armed = True
+        early = asyncio.ensure_future(fresh.getitem((slice(0, 4), slice(0, 4))))  # fetch under way
+        assert await asyncio.to_thread(inner.inside.wait, 60)
+        await fresh.setitem((slice(0, 4), slice(0, 4)), np.full((4, 4), 2, "i4"))  # the whole shard
+        later = asyncio.ensure_future(fresh.getitem((slice(0, 4), slice(0, 4))))
+        try:
+            await turns_until(later.done, limit=1_000_000)  # its own fetch: no wait for the gate
+        finally:
+            inner.gate.set()
+        return np.asarray(await early), np.asarray(await later)
+
+    early, later = asyncio.run(main())
+    assert len(np.unique(early)) == 1  # before or after the write, never a mix
+    assert (later == 2).all()

@@ -528,3 +528,34 @@ async def test_a_commit_failing_after_its_waiter_was_cancelled_leaves_no_error_u
     gc.collect()
     await spin(5)
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+# -- reservations: commits made outside the queue ------------------------------------------
+
+
+def test_a_reserved_shard_commits_later_writes_only_after_release_and_busy_ones_are_not_reserved() -> None:
+    """A commit made outside the queue (a whole-shard write) reserves its shards: a write
+    submitted to one of them afterwards waits until the reservation is released, as it
+    waits for a queued commit; a shard with a batch pending or committing is not reserved
+    (its writer must queue behind it)."""
+
+    async def main() -> None:
+        commit = FakeCommit()
+        queue = make_queue(commit)
+        first = start(queue, "busy", {0: [b"a"]})
+        await turns_until(lambda: commit.keys == ["busy"])  # committing, held at the gate
+        free, release = queue.reserve(["busy", "whole", "other"])
+        assert free == ["whole", "other"]
+        commit.gate.set()
+        await first
+        later = start(queue, "whole", {0: [b"b"]})
+        await spin(50)
+        assert commit.keys == ["busy"] and not later.done()  # behind the reservation
+        release()
+        await later
+        assert commit.keys == ["busy", "whole"]
+        free, release = queue.reserve(["whole"])  # released, and nothing pending: free again
+        assert free == ["whole"]
+        release()
+
+    asyncio.run(main())

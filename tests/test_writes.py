@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,13 @@ import pytest
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
-from shardstore import BatchCommitError, InnerStoreError, ShardingStore
+from shardstore import PIPELINE_PATH, BatchCommitError, InnerStoreError, ShardingStore
 from shardstore.inner import LocalInner, MappingInner
 from shardstore.inner.base import Capabilities
 from shardstore.instrument import CountingInner
 from shardstore.maintenance import compact, shard_reports
 
-from .helpers import inner_keys, logical_keys, sample
+from .helpers import inner_keys, logical_keys, sample, turns_until
 
 SHAPE, CHUNKS, CPS = (256, 256), (16, 16), (4, 4)  # 16 x 16 chunks in 4 x 4 shards
 
@@ -407,3 +408,50 @@ def test_an_emptied_shard_is_kept_empty_where_a_delete_cannot_be_checked(deletes
         assert [k for k in logical_keys(store, "a/c/")] == []
     arr[0, 0] = 3
     assert arr[0, 0] == 3 and arr[1:4, 1:4].sum() == 0
+
+
+def test_a_write_acknowledged_after_a_failed_one_is_not_undone_by_its_commits(tmp_path: Path) -> None:
+    """A write that fails (a shard it cuts in part is refused) raises while its other
+    commits still run, as a queued commit does. A later write of the same shard waits
+    for them: the value it was acknowledged for stands."""
+
+    class Disk(LocalInner):
+        refused: frozenset[str] = frozenset()
+        held, gate, landed = threading.Event(), threading.Event(), threading.Event()
+
+        def _update(self, path: Path, change: Any, read_old: bool) -> None:
+            key = path.relative_to(self.root).as_posix()
+            if key in self.refused:
+                raise OSError(28, "No space left on device")
+            first = self.refused and key == "a/c/0/1" and not self.held.is_set()
+            if first:  # the failing write's commit of this shard: held until the gate opens
+                self.held.set()
+                assert self.gate.wait(timeout=60)
+            super()._update(path, change, read_old)
+            if first:
+                self.landed.set()
+
+    async def main() -> np.ndarray:
+        disk = Disk(tmp_path)
+        store = ShardingStore(disk, (2, 2))
+        with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+            arr = await zarr.api.asynchronous.create_array(
+                store, name="a", shape=(16, 8), chunks=(2, 2), dtype="i4", fill_value=0
+            )
+            await arr.setitem(slice(None), np.full((16, 8), 5, "i4"))
+            disk.refused = frozenset({"a/c/3/0", "a/c/3/1"})
+            with pytest.raises(InnerStoreError, match="No space left"):
+                await arr.setitem((slice(0, 13), slice(None)), np.ones((13, 8), "i4"))
+            disk.refused = frozenset()
+            assert await asyncio.to_thread(disk.held.wait, 60)
+            retry = asyncio.ensure_future(arr.setitem((slice(0, 4), slice(4, 8)), np.full((4, 4), 2, "i4")))
+            queue = store._writer._queue  # (waiting there, behind the failed write's commit)
+            await turns_until(lambda: retry.done() or "a/c/0/1" in queue._pending, limit=100_000)
+            disk.gate.set()
+            await retry
+            assert await asyncio.to_thread(disk.landed.wait, 60)
+        fresh = await zarr.api.asynchronous.open_array(store=ShardingStore(LocalInner(tmp_path)), path="a")
+        return np.asarray(await fresh.getitem((slice(0, 4), slice(4, 8))))
+
+    got = asyncio.run(main())
+    assert (got == 2).all(), got

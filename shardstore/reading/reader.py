@@ -133,9 +133,13 @@ class ShardReader:
 
     def forget(self, shard_key: str) -> None:
         """The shard changed (a write through this store): what is cached of it goes,
-        and what a read sent before now brings back is not cached."""
+        and what a read sent before now brings back is not cached, nor shared with a
+        read that starts from now on (a fetch under way is joined no more)."""
         self._indices.forget(shard_key)
         self._shards.drop(shard_key)
+        with self._lock:
+            for key in [key for key in self._inflight if key[1] == shard_key]:
+                del self._inflight[key]
 
     async def read_chunks(self, chunks: Sequence[ChunkRead]) -> list[ChunkBytes | None]:
         """Chunk bytes (ranges of them), each shard served from the shard cache, by
@@ -365,7 +369,8 @@ class ShardReader:
         finally:  # joiners always get an outcome, (None, None) if this task was cancelled
             with self._lock:
                 for (shard, future), outcome in zip(mine, outcomes, strict=True):
-                    del self._inflight[(loop, shard.key)]
+                    if self._inflight.get((loop, shard.key)) is future:  # (not forgotten since)
+                        del self._inflight[(loop, shard.key)]
                     future.set_result(outcome)
 
     def _snapshot(

@@ -25,9 +25,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from shardstore.sync_bridge import refuse_to_wait
 from shardstore.tasks import spawn
@@ -133,6 +133,27 @@ class CommitQueue(Generic[T]):
         for b in to_wake:
             b.wake()
         await outcome(batch.done)
+
+    def reserve(self, shard_keys: Sequence[str]) -> tuple[list[str], Callable[[], None]]:
+        """Reserve, for one commit made outside the queue, those of ``shard_keys`` that
+        have no batch pending or committing here; a batch submitted to them later waits
+        until ``release()`` (so a later write never lands before it). Returns the keys
+        reserved and ``release``. The others must go through :meth:`submit`, behind
+        what they wait for."""
+        marker: _Batch[Any] = _Batch(None, asyncio.get_running_loop())
+        with self._lock:
+            free = [key for key in shard_keys if key not in self._tail]
+            self._tail.update(dict.fromkeys(free, marker))
+
+        def release() -> None:
+            with self._lock:
+                for key in free:
+                    if self._tail.get(key) is marker:
+                        del self._tail[key]
+            if not marker.done.done():
+                marker.done.set_result(None)
+
+        return free, release
 
     def _fullest_if_all_waiting(self) -> list[_Batch[T]]:
         """The fullest lingering batch, once every writer a caller can have is waiting

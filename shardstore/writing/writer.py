@@ -162,14 +162,20 @@ class ShardWriter:
 
     async def write_all(self, by_shard: UpdatesByShard) -> None:
         """Updates to several shards, one commit each, concurrently. Outside a batch the
-        shards the updates replace whole are committed together (:meth:`_replace_all`)."""
+        shards the updates replace whole, and that no commit of this store is pending
+        for, are committed together (:meth:`_replace_all`); the others go through the
+        commit queue, behind what is pending."""
         replaced = self._replaced
         whole = [] if self._buffer is not None else [su for su in by_shard.values() if replaced(*su)]
-        if not whole:
+        free, release = self._queue.reserve([shard.key for shard, _ in whole]) if whole else ([], None)
+        if not free:
             await gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
             return
-        rest = [su for su in by_shard.values() if not replaced(*su)] if len(whole) < len(by_shard) else []
-        await gather(self._replace_all(whole), *(self.write(shard, ups) for shard, ups in rest))
+        assert release is not None
+        reserved = set(free)
+        together = [su for su in whole if su[0].key in reserved]
+        rest = [su for su in by_shard.values() if su[0].key not in reserved]
+        await gather(self._replace_all(together, release), *(self.write(shard, ups) for shard, ups in rest))
 
     def _replaced(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """Whether updates decide every chunk of the shard and leave it one, or the inner
@@ -279,13 +285,17 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
-    async def _replace_all(self, shards: list[tuple[ShardAddress, ShardUpdates]]) -> None:
+    async def _replace_all(
+        self, shards: list[tuple[ShardAddress, ShardUpdates]], release: Callable[[], None]
+    ) -> None:
         """Commit shards whose every chunk the updates decide, in one
         :meth:`InnerStore.update_many`: nothing to read, merge or append, so no turn in
-        the commit queue either (the inner store orders each commit against any other
-        writer of its shard, as it does a queued one). Like a queued commit, it goes on
-        if the caller is cancelled."""
+        the commit queue either. The queue holds them reserved until the commit has
+        ended (``release``), so that a later write of this store waits for it; the
+        inner store orders it against every other writer, as it does a queued commit.
+        Like a queued commit, it goes on if the caller is cancelled."""
         task = spawn(self._commit_replaced(shards))
+        task.add_done_callback(lambda _: release())  # (also if the task never ran)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
