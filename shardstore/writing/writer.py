@@ -165,17 +165,16 @@ class ShardWriter:
         shards the updates replace whole, and that no commit of this store is pending
         for, are committed together (:meth:`_replace_all`); the others go through the
         commit queue, behind what is pending."""
-        replaced = self._replaced
-        whole = [] if self._buffer is not None else [su for su in by_shard.values() if replaced(*su)]
-        free, release = self._queue.reserve([shard.key for shard, _ in whole]) if whole else ([], None)
-        if not free:
-            await gather(*(self.write(shard, ups) for shard, ups in by_shard.values()))
-            return
-        assert release is not None
+        whole = (
+            []
+            if self._buffer is not None
+            else [s.key for s, ups in by_shard.values() if self._replaced(s, ups)]
+        )
+        free, release = self._queue.reserve(whole)
         reserved = set(free)
-        together = [su for su in whole if su[0].key in reserved]
-        rest = [su for su in by_shard.values() if su[0].key not in reserved]
-        await gather(self._replace_all(together, release), *(self.write(shard, ups) for shard, ups in rest))
+        together = [by_shard[key] for key in free]
+        queued = [self.write(shard, ups) for key, (shard, ups) in by_shard.items() if key not in reserved]
+        await gather(*([self._replace_all(together, release)] if together else []), *queued)
 
     def _replaced(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """Whether updates decide every chunk of the shard and leave it one, or the inner
