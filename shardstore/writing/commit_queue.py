@@ -39,12 +39,13 @@ __all__ = ["CommitQueue", "outcome"]
 T = TypeVar("T")
 
 
-async def outcome(future: concurrent.futures.Future[None]) -> None:
-    """Wait for a future that other waiters share: cancelling this waiter must not
-    cancel the future itself (asyncio.wrap_future would), or every other writer
-    of the shard would lose its write. A waiter cancelled meanwhile (a sibling
-    write of its caller failed first) still takes the outcome when it comes, or
-    asyncio would report an error that nobody retrieved."""
+async def outcome(future: concurrent.futures.Future[None] | asyncio.Future[None]) -> None:
+    """Wait for a future (or task) that other waiters share, or that must outlive its
+    caller: cancelling this waiter must not cancel the future itself
+    (asyncio.wrap_future would), or every other writer of the shard would lose its
+    write. A waiter cancelled meanwhile (a sibling write of its caller failed first)
+    still takes the outcome when it comes, or asyncio would report an error that
+    nobody retrieved."""
     waiter = asyncio.wrap_future(future)
     try:
         await asyncio.shield(waiter)

@@ -295,11 +295,7 @@ class ShardWriter:
         Like a queued commit, it goes on if the caller is cancelled."""
         task = spawn(self._commit_replaced(shards))
         task.add_done_callback(lambda _: release())  # (also if the task never ran)
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(_retrieved)
-            raise
+        await outcome(task)
 
     async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardUpdates]]) -> None:
         if log.isEnabledFor(logging.DEBUG):
@@ -376,11 +372,6 @@ class ShardWriter:
         if emptied:  # deleted under the same lock as any rewrite, re-reading the shard
             await self._rewrite(shard, updates, read_old=True)
         return True
-
-
-def _retrieved(task: asyncio.Task[None]) -> None:
-    if not task.cancelled():
-        task.exception()  # (its outcome is nobody's news: its caller was cancelled)
 
 
 def _refuse_unless_replaced(inner: InnerStore, job: _Job, updates: ShardUpdates) -> None:
