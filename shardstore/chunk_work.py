@@ -66,11 +66,21 @@ def decode_into(
 ) -> Any:
     """One chunk's stored bytes (None: absent, the fill value) decoded into its place in
     ``target``; its report as zarr wants it. Raises where the bytes do not decode."""
+    return place_chunk(
+        None if stored is None else codec.decode(stored, info[1].shape), info, target, drop_axes
+    )
+
+
+def place_chunk(
+    chunk: npt.NDArray[Any] | None, info: ChunkInfo, target: npt.NDArray[Any], drop_axes: tuple[int, ...]
+) -> Any:
+    """One decoded chunk (None: absent, the fill value) put in its place in ``target``;
+    its report as zarr wants it."""
     _, spec, chunk_selection, out_selection, _ = info
-    if stored is None:
+    if chunk is None:
         target[out_selection] = spec.fill_value
         return MISSING
-    piece = codec.decode(stored, spec.shape)[chunk_selection]
+    piece = chunk[chunk_selection]
     target[out_selection] = piece.squeeze(axis=drop_axes) if drop_axes else piece
     return PRESENT
 
@@ -128,12 +138,45 @@ def scatter_shards(
                     reports[n] = PRESENT if here else MISSING
                 continue
         data = memoryview(snapshot.data)
-        for n, (offset, nbytes) in zip(members.tolist(), _entries(table, places), strict=True):
+        entries = _entries(table, places)
+        if _scattered_together(codec, chunks, members.tolist(), entries, data, target, drop_axes, reports):
+            continue
+        for n, (offset, nbytes) in zip(members.tolist(), entries, strict=True):
             stored = None if offset == _ABSENT else data[offset : offset + nbytes]
             try:
                 reports[n] = decode_into(codec, stored, chunks[n], target, drop_axes)
             except Exception:
                 failed.append((n, None if stored is None else bytes(stored)))
+
+
+def _scattered_together(
+    codec: ChunkCodec,
+    chunks: Sequence[ChunkInfo],
+    members: list[int],
+    entries: list[tuple[int, int]],
+    data: memoryview,
+    target: npt.NDArray[Any],
+    drop_axes: tuple[int, ...],
+    reports: list[Any],
+) -> bool:
+    """Decode the chunks ``members`` of one shard (stored at ``entries`` of its bytes
+    ``data``) in one call and put each in its place; False where that cannot be done:
+    a chain without such a call, a lone chunk, or damage (the caller then decodes them
+    one by one, to name the damaged one)."""
+    if len(members) < 2:
+        return False
+    rows = np.array(entries, dtype=np.uint64).reshape(-1, 2)
+    present = rows[:, 0] != _ABSENT
+    try:
+        decoded = codec.decode_stacked(data, rows[present], tuple(chunks[members[0]][1].shape))
+    except ValueError:
+        return False
+    if decoded is None:
+        return False
+    each = iter(decoded)
+    for n, here in zip(members, present.tolist(), strict=True):
+        reports[n] = place_chunk(next(each) if here else None, chunks[n], target, drop_axes)
+    return True
 
 
 def _block_of(
@@ -150,6 +193,17 @@ def _block_of(
     size = codec.dtype.itemsize * int(np.prod(shape))
     if size > JOINED_CHUNK_BYTES:
         return None  # big chunks: each decoded straight into place, no copy in between
+    present = table[:, 0] != _ABSENT
+    try:
+        decoded = codec.decode_stacked(data, table[present], shape)
+    except ValueError:
+        return None
+    if decoded is not None:
+        if present.all():
+            return decoded
+        stacked = np.full((len(table), *shape), spec.fill_value, dtype=codec.dtype)
+        stacked[present] = decoded
+        return stacked
     view = memoryview(data)
     fill: bytes | None = None
     parts: list[Any] = []
@@ -270,14 +324,17 @@ def _block_chunks(
     order = tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2))
     # always a copy: raw chunks are views of it, and a commit can outlive the call that
     # wrote it (a cancelled write), when the caller may have reused its array
-    stacked = np.array(whole.transpose(order), dtype=codec.dtype if codec.raw else None, order="C", copy=True)
+    stacked = np.array(whole.transpose(order), dtype=codec.dtype, order="C", copy=True)
     stacked = stacked.reshape((-1, *spec.shape))
     empty = _fill_chunks(stacked, spec)
     if codec.raw:
         raw = memoryview(stacked.reshape(-1).view(np.uint8))
         size = raw.nbytes // len(stacked)
         return {p: None if p in empty else raw[p * size : (p + 1) * size] for p in range(len(stacked))}
-    return {p: None if p in empty else codec.encode(stacked[p]) for p in range(len(stacked))}
+    kept = [p for p in range(len(stacked)) if p not in empty]
+    values: dict[int, Any] = dict.fromkeys(empty)
+    values.update(zip(kept, codec.encode_stacked(stacked, kept), strict=True))
+    return values
 
 
 def _fill_chunks(stacked: npt.NDArray[Any], spec: ArraySpec) -> set[int]:

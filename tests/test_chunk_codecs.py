@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
@@ -79,8 +81,19 @@ def test_v2_arrays_read_and_write_as_zarrs_codecs_do(tmp_path: Path, order: str,
         np.testing.assert_array_equal(zarr.open_array(ours.store, path="v")[:], theirs[:])
 
 
-def test_a_damaged_chunk_fails_as_through_zarrs_codecs(tmp_path: Path) -> None:
-    ours, theirs = _pair(tmp_path, "a", "f4", compressors=[ZstdCodec(), Crc32cCodec()])
+@pytest.mark.parametrize(
+    ("compressors", "selection"),
+    [
+        ([ZstdCodec(), Crc32cCodec()], np.s_[:]),
+        ([ZstdCodec()], np.s_[:]),  # whole shards: their chunks decode together
+        ([ZstdCodec()], np.s_[4:8, :]),  # a row of chunks: each shard's decode together
+    ],
+    ids=["zstd-crc32c", "zstd-whole-shards", "zstd-part-of-shards"],
+)
+def test_a_damaged_chunk_fails_as_through_zarrs_codecs(
+    tmp_path: Path, compressors: list[Any], selection: Any
+) -> None:
+    ours, theirs = _pair(tmp_path, "a", "f4", compressors=compressors)
     prototype = default_buffer_prototype()
     for arr in (ours, theirs):
         arr[:] = 1
@@ -91,7 +104,7 @@ def test_a_damaged_chunk_fails_as_through_zarrs_codecs(tmp_path: Path) -> None:
     errors = []
     for arr in (ours, theirs):
         with pytest.raises(Exception) as caught:
-            arr[:]
+            arr[selection]
         errors.append((type(caught.value), str(caught.value)))
     assert errors[0] == errors[1]
 
@@ -152,3 +165,104 @@ def test_zstd_frames_without_their_size_and_from_many_threads_decode() -> None:
 def _spec_of(data: np.ndarray[Any, Any]) -> ArraySpec:
     arr = zarr.create_array({}, shape=data.shape, chunks=data.shape, dtype=data.dtype, fill_value=0)
     return _spec(arr)
+
+
+def _zstd_codec(shape: tuple[int, ...], dtype: str, level: int = 0) -> Any:
+    endian = "big" if dtype.startswith(">") else "little"
+    spec = _spec_of(np.zeros(shape, np.dtype(dtype).newbyteorder("=")))
+    return chunk_codec([BytesCodec(endian=endian), ZstdCodec(level=level)], spec)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["f4", ">f8", "u1", "<i2"]),
+    st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+    st.integers(1, 6),
+    st.data(),
+)
+def test_chunks_encoded_together_are_the_frames_each_gets_alone_and_decode_together(
+    dtype: str, shape: tuple[int, ...], n: int, data: Any
+) -> None:
+    codec = _zstd_codec(shape, dtype)
+    assert codec is not None
+    stacked = (sample((n, *shape), "f8", seed=n) * 50).astype(dtype)
+    places = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    together = codec.encode_stacked(stacked, places)
+    assert [bytes(frame) for frame in together] == [codec.encode(stacked[p]) for p in places]
+    blob = b"".join(bytes(frame) for frame in together)
+    sizes = np.array([len(bytes(frame)) for frame in together], dtype=np.uint64)
+    segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
+    decoded = codec.decode_stacked(blob, segments, shape)
+    assert decoded is not None
+    np.testing.assert_array_equal(decoded, stacked[places])
+
+
+def test_chunks_decode_together_from_frames_without_their_size() -> None:
+    import zstandard
+
+    codec = _zstd_codec((8, 8), "f4")
+    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(3)]
+    frames = []
+    for chunk in chunks:
+        streamed = zstandard.ZstdCompressor().compressobj()
+        frames.append(streamed.compress(chunk.tobytes()) + streamed.flush())
+    sizes = np.array([len(f) for f in frames], dtype=np.uint64)
+    decoded = codec.decode_stacked(b"".join(frames), np.stack([np.cumsum(sizes) - sizes, sizes], 1), (8, 8))
+    np.testing.assert_array_equal(decoded, np.stack(chunks))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "too short", "outside the shard", "two frames"])
+def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> None:
+    codec = _zstd_codec((8, 8), "f4")
+    chunk = sample((8, 8), "f4")
+    frame = codec.encode(chunk)
+    segments = np.array([[0, len(frame)], [len(frame), len(frame)]], dtype=np.uint64)
+    blob = frame + frame
+    if damage == "truncated":
+        blob = frame + frame[:-5]
+        segments[1, 1] -= 5
+    elif damage == "too short":  # a whole frame, of fewer elements than the chunk has
+        short = codec.encode(chunk[:7])
+        blob, segments[1, 1] = frame + short, len(short)
+    elif damage == "outside the shard":
+        segments[1, 0] += 1
+    else:  # what numcodecs would read as one chunk
+        half = codec.encode(chunk[:4])
+        blob = frame + half + half
+        segments[1, 1] = 2 * len(half)
+    with pytest.raises(ValueError):
+        codec.decode_stacked(blob, segments, (8, 8))
+
+
+def test_chains_other_than_zstd_alone_or_without_zstandard_go_chunk_by_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shardstore import chunk_codecs
+
+    stacked = sample((3, 4, 4), "f4")
+    spec = _spec_of(stacked[0])
+    segments = np.array([[0, 10]], dtype=np.uint64)
+    for chain in ([BytesCodec(), GzipCodec()], [BytesCodec(), ZstdCodec(), Crc32cCodec()]):
+        codec = chunk_codec(chain, spec)
+        assert codec is not None
+        assert codec.decode_stacked(b"x" * 10, segments, (4, 4)) is None
+        assert codec.encode_stacked(stacked, [2, 0]) == [codec.encode(stacked[2]), codec.encode(stacked[0])]
+    codec = chunk_codec([BytesCodec(), ZstdCodec()], spec)
+    monkeypatch.setattr(chunk_codecs, "zstandard", None)
+    assert codec is not None and codec.decode_stacked(b"x" * 10, segments, (4, 4)) is None
+    assert [bytes(f) for f in codec.encode_stacked(stacked, [1])] == [codec.encode(stacked[1])]
+
+
+def test_big_chunks_are_compressed_by_numcodecs_and_small_ones_in_one_context() -> None:
+    import numcodecs
+
+    from shardstore.chunk_codecs import NUMCODECS_FROM
+
+    big = sample((NUMCODECS_FROM // 4 // 256, 256), "f4")
+    codec = _zstd_codec(big.shape, "f4")
+    assert codec.encode(big) == bytes(numcodecs.Zstd(level=0).encode(big))
+    np.testing.assert_array_equal(codec.decode(codec.encode(big), big.shape), big)
+    small = big[:16]
+    small_codec = _zstd_codec(small.shape, "f4")
+    contexts = small_codec.compressors[0]._contexts()
+    assert small_codec.encode(small) == contexts[0].compress(small)
