@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeAlias, TypeVar, cast
@@ -200,7 +201,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 scatter = functools.partial(
                     scatter_chunks, codec, items, out=out, drop_axes=drop_axes, reports=reports, failed=failed
                 )
-                await in_threads(scatter, len(items))
+                await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
                     redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
                     for k, result in zip(failed, redone or (), strict=False):
@@ -240,7 +241,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
                 reports=results, failed=failed,
             )  # fmt: skip
-            await in_threads(scatter, len(parts))
+            await in_threads(
+                scatter, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
+            )
             if failed:  # zarr's codecs decode them, or say what is wrong
                 redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
                 for (n, _), result in zip(failed, redone or (), strict=False):
@@ -280,7 +283,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 merge = functools.partial(
                     merge_and_encode, codec, items, value=value, drop_axes=drop_axes, encoded=new
                 )
-                await in_threads(merge, len(items))
+                await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
                 await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
@@ -323,7 +326,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
                 encoded=new, failed=failed,
             )  # fmt: skip
-            await in_threads(encode, len(parts))
+            await in_threads(
+                encode, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
+            )
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
                 await self.write_batch(items, value, drop_axes)
@@ -409,6 +414,12 @@ def _direct(
     if not chunks or not isinstance(array.as_ndarray_like(), np.ndarray):
         return None
     return chunk_codec(list(pipeline), chunks[0][1])
+
+
+def _nbytes(codec: ChunkCodec, chunks: Sequence[ChunkInfo], count: int) -> int:
+    """The bytes of ``count`` chunks of the array in memory (the work to decode or
+    encode them goes by it)."""
+    return count * codec.dtype.itemsize * math.prod(chunks[0][1].shape)
 
 
 def _paths(chunks: Sequence[ChunkInfo]) -> list[str]:

@@ -189,3 +189,25 @@ def test_in_threads_shares_the_work_out_and_raises_only_once_every_slice_has_end
     with pytest.raises(OSError, match="slice 0"):
         asyncio.run(tasks.in_threads(failing, 2))
     assert ended.is_set()
+
+
+def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below SHARED_FROM_BYTES the work is one piece on the caller's thread (a hop to
+    a thread per core and back costs more); from it on, a slice per worker thread."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    seen: list[tuple[range, threading.Thread]] = []
+
+    def work(part: range) -> None:
+        seen.append((part, threading.current_thread()))
+
+    async def run(nbytes: int | None) -> threading.Thread:
+        await tasks.in_threads(work, 6, nbytes=nbytes)
+        return threading.current_thread()
+
+    caller = asyncio.run(run(tasks.SHARED_FROM_BYTES - 1))
+    assert seen == [(range(6), caller)]
+    for nbytes in (tasks.SHARED_FROM_BYTES, None):  # (None: the caller cannot tell)
+        seen.clear()
+        caller = asyncio.run(run(nbytes))
+        assert sorted((part for part, _ in seen), key=lambda r: r.start) == [range(0, 3), range(3, 6)]
+        assert all(thread is not caller for _, thread in seen)

@@ -205,12 +205,12 @@ class ShardFormat(ABC):
         """Where a part's first level lies (one index: :meth:`index_request`)."""
         return self.index_request()
 
-    def read_part(self, part: int, raw: bytes, key: str) -> ChunkTable | RangeByteRequest:
+    def read_part(self, part: int, raw: bytes | memoryview, key: str) -> ChunkTable | RangeByteRequest:
         """A part's table from its first level, or where its second level lies (then
         :meth:`decode_part`); ShardFormatError naming ``key`` for damage."""
         return self.decode_index(raw, key)
 
-    def decode_part(self, part: int, raw: bytes, key: str) -> ChunkTable:
+    def decode_part(self, part: int, raw: bytes | memoryview, key: str) -> ChunkTable:
         """A part's table from its second level (formats of more than one index)."""
         raise NotImplementedError(f"{self.type_name} shards have one index")
 

@@ -25,7 +25,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable, table_entry
-from shardstore.inner import STALE, InnerStore
+from shardstore.inner import STALE, ChunkBytes, InnerStore
 from shardstore.inner.base import failure
 from shardstore.reading.cache import IndexCache, IndexEntry
 from shardstore.reading.ranges import MERGE_GAP, merge_ranges
@@ -45,7 +45,7 @@ _CHANGES = 65536
 
 async def read_merged(
     inner: InnerStore, requests: Sequence[tuple[str, ByteRequest]], expected: Sequence[Hashable | None]
-) -> list[tuple[bytes | None, Hashable | None]]:
+) -> list[tuple[ChunkBytes | None, Hashable | None]]:
     """Reads with the versions read, each refused (STALE) where its object is no longer
     at the version expected. Nearby ranges of one object at one expected version are
     read as one request; other requests (a suffix) go as they are."""
@@ -65,10 +65,13 @@ async def read_merged(
             + [requests[slot] for slot in alone],
             [version for (_, version), _ in spans] + [expected[slot] for slot in alone],
         )
-    out: list[tuple[bytes | None, Hashable | None]] = [(None, None)] * len(requests)
+    out: list[tuple[ChunkBytes | None, Hashable | None]] = [(None, None)] * len(requests)
     for (_, (span_start, _, members)), (value, seen) in zip(spans, read[: len(spans)], strict=True):
+        # views of the span, not copies: a span holds many chunks, and copying each one
+        # costs as much as the reading did
+        view = value if value is None or value is STALE or len(members) == 1 else memoryview(value)
         for slot, start, stop in members:
-            part = value if value is None or value is STALE else value[start - span_start : stop - span_start]
+            part = view if view is None or view is STALE else view[start - span_start : stop - span_start]
             out[slot] = (part, seen)
     for slot, got in zip(alone, read[len(spans) :], strict=True):
         out[slot] = got

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence, Set
 from dataclasses import dataclass
 
+import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardFormatError
@@ -90,17 +91,37 @@ class _Chunk:
 def _gathered(
     shard: ShardRef, places: list[int], values: Sequence[ChunkBytes | None], sent: float
 ) -> ShardSnapshot:
-    """A snapshot holding just the chunks read of a shard (absent where None)."""
+    """A snapshot holding just the chunks read of a shard (absent where None): the one
+    object they are all views of (chunks read by one request), else a join of them."""
     table = shard.shard_format.empty_table()
-    pieces: list[ChunkBytes] = []
-    offset = 0
-    for place, value in zip(places, values, strict=True):
-        if value is None:
-            continue
-        table[place] = (offset, len(value))  # (a row of an index array, or a dict entry)
-        pieces.append(value)
-        offset += len(value)
-    return ShardSnapshot(b"".join(pieces), table, sent)
+    present = [(place, value) for place, value in zip(places, values, strict=True) if value is not None]
+    pieces = [value for _, value in present]
+    within = _views_of_one(pieces)
+    if within is not None:
+        data, starts = within
+    else:
+        data = b"".join(pieces)
+        starts = np.cumsum([0, *map(len, pieces)])[:-1].tolist()
+    for (place, value), start in zip(present, starts, strict=True):
+        table[place] = (start, len(value))  # (a row of an index array, or a dict entry)
+    return ShardSnapshot(data, table, sent)
+
+
+def _views_of_one(pieces: list[ChunkBytes]) -> tuple[bytes, list[int]] | None:
+    """The one bytes object every piece is a view of, and where each starts in it;
+    None where they are not all (non-empty) views of one."""
+    base = pieces[0].obj if pieces and isinstance(pieces[0], memoryview) else None
+    if not isinstance(base, bytes):
+        return None
+    if not all(isinstance(p, memoryview) and p.obj is base and p.nbytes and p.c_contiguous for p in pieces):
+        return None
+    origin = _address(base)
+    return base, [_address(p) - origin for p in pieces]
+
+
+def _address(buffer: ChunkBytes) -> int:
+    """Where a buffer's first byte lies in memory."""
+    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
 
 
 class ShardReader:

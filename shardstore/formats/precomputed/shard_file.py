@@ -218,7 +218,9 @@ def decode_shard_index(sharding: ShardingParams, raw: bytes, key: str) -> npt.ND
     return table
 
 
-def minishard_index_range(sharding: ShardingParams, entry: bytes, minishard: int, key: str) -> range:
+def minishard_index_range(
+    sharding: ShardingParams, entry: bytes | memoryview, minishard: int, key: str
+) -> range:
     """Where in the shard file the minishard index of ``minishard`` lies, from its
     16-byte shard index entry (an empty range: an empty minishard)."""
     if len(entry) != 16:
@@ -234,7 +236,9 @@ def minishard_index_range(sharding: ShardingParams, entry: bytes, minishard: int
     return range(base + start, base + end)
 
 
-def decode_minishard_index(sharding: ShardingParams, raw: bytes, key: str) -> npt.NDArray[np.uint64]:
+def decode_minishard_index(
+    sharding: ShardingParams, raw: bytes | memoryview, key: str
+) -> npt.NDArray[np.uint64]:
     """``(n, 3)`` rows of ``(id, absolute offset in the shard file, nbytes)`` of an
     encoded minishard index read from shard ``key``: ids un-delta-encoded and checked
     strictly increasing, offsets un-delta-encoded plus ``shard_index_nbytes``."""

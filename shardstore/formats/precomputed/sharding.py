@@ -240,12 +240,12 @@ class PrecomputedSharding(ShardingParams, ShardFormat):
         """The minishard's 16-byte entry in the shard index."""
         return RangeByteRequest(16 * part, 16 * part + 16)
 
-    def read_part(self, part: int, raw: bytes, key: str) -> ChunkTable | RangeByteRequest:
+    def read_part(self, part: int, raw: bytes | memoryview, key: str) -> ChunkTable | RangeByteRequest:
         """Where the minishard's index lies (an empty minishard: an empty table)."""
         where = minishard_index_range(self, raw, part, key)
         return RangeByteRequest(where.start, where.stop) if len(where) else {}
 
-    def decode_part(self, part: int, raw: bytes, key: str) -> dict[int, tuple[int, int]]:
+    def decode_part(self, part: int, raw: bytes | memoryview, key: str) -> dict[int, tuple[int, int]]:
         rows = decode_minishard_index(self, raw, key)
         return {int(i): (int(o), int(n)) for i, o, n in rows.tolist()}
 
