@@ -387,3 +387,29 @@ def test_a_read_after_a_write_does_not_join_a_fetch_sent_before_it(tmp_path: Pat
     early, later = asyncio.run(main())
     assert len(np.unique(early)) == 1  # before or after the write, never a mix
     assert (later == 2).all()
+
+
+def test_local_reads_of_what_is_no_file_are_absent_and_of_files_carry_their_version(tmp_path: Path) -> None:
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+    from shardstore.inner import STALE
+
+    inner = LocalInner(tmp_path)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_bytes(b"0123456789")
+    requests: list[tuple[str, ByteRequest | None]] = [
+        ("dir", None),
+        ("dir", SuffixByteRequest(4)),
+        ("dir", RangeByteRequest(0, 2)),
+        ("nope", None),
+        ("file/under", None),
+        ("file", None),
+        ("file", SuffixByteRequest(4)),
+        ("file", RangeByteRequest(2, 5)),
+    ]
+    got = asyncio.run(inner.get_many_versioned(requests, [None] * len(requests)))
+    assert [value for value, _ in got] == [None, None, None, None, None, b"0123456789", b"6789", b"234"]
+    assert [version for _, version in got][:5] == [None] * 5
+    assert got[5][1] == got[6][1] == got[7][1] == inner.version("file")
+    [(value, _)] = asyncio.run(inner.get_many_versioned([("file", RangeByteRequest(0, 1))], [(0, 10, 0)]))
+    assert value is STALE

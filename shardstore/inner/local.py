@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Hashable, Sequence
 from pathlib import Path
+from stat import S_ISDIR
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -27,17 +28,23 @@ from shardstore.inner.locks import file_lock
 from shardstore.tasks import in_threads
 
 
-def journal_path(path: Path) -> Path:
+def journal_path(path: Path | str) -> Path:
     """The append journal of a local shard."""
-    return path.with_name(f".{path.name}.appending")
+    return Path(_journal_name(path))
 
 
-def committed_size(path: Path, stat: os.stat_result) -> int:
+def _journal_name(path: Path | str) -> str:
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.appending")
+
+
+def committed_size(path: Path | str, stat: os.stat_result) -> int:
     """The size of the shard's last committed state: the file's size, unless a crashed
     append left a journal naming this very file (inode) and a smaller size. A journal
     naming another inode (the shard was replaced since) or unreadable is ignored."""
-    try:
-        inode, size = (int(v) for v in journal_path(path).read_text().split())
+    try:  # (string paths: every whole or index read asks, and a Path costs more than the open)
+        with open(_journal_name(path), "rb") as journal:
+            inode, size = (int(v) for v in journal.read().split())
     except (FileNotFoundError, ValueError):
         return stat.st_size
     return size if inode == stat.st_ino and size < stat.st_size else stat.st_size
@@ -99,7 +106,7 @@ class LocalInner(InnerStore):
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                got[k] = self._read_versioned(self._path(key), byte_range, expected[k])
+                got[k] = self._read_versioned(os.path.join(self._root, key), byte_range, expected[k])
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
@@ -125,7 +132,7 @@ class LocalInner(InnerStore):
 
     @staticmethod
     def _read_versioned(
-        path: Path, byte_range: ByteRequest | None, expected: Hashable | None
+        path: Path | str, byte_range: ByteRequest | None, expected: Hashable | None
     ) -> tuple[bytes | None, Hashable | None]:
         """A read, with the file's version: (inode, size, mtime). Replacing an object
         makes a new inode, appending changes its size, so whatever a caller derived
@@ -136,31 +143,35 @@ class LocalInner(InnerStore):
         they see the object as it was committed (version None: not to be cached).
         Ranges at known offsets need no lock: appends never move existing bytes."""
         try:
-            with open(path, "rb") as f:
-                fd = f.fileno()
-                stat = os.fstat(fd)
-                version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                if expected is not None and version != expected:
-                    return STALE, version
-                if isinstance(byte_range, RangeByteRequest):
-                    stop = min(byte_range.end, stat.st_size)
-                    return os.pread(fd, max(stop - byte_range.start, 0), byte_range.start), version
-                if isinstance(byte_range, OffsetByteRequest):
-                    return os.pread(fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset), version
-                if byte_range is not None and not isinstance(byte_range, SuffixByteRequest):
-                    raise TypeError(f"Unexpected byte_range, got {byte_range}")
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                stat = os.fstat(fd)
-                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                size = committed_size(path, stat)
-                if size != stat.st_size:
-                    version = None
-                if byte_range is None:
-                    return os.pread(fd, size, 0), version
-                start = max(size - byte_range.suffix, 0)
-                return os.pread(fd, size - start, start), version
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
             return None, None
+        try:
+            stat = os.fstat(fd)
+            if S_ISDIR(stat.st_mode):
+                return None, None
+            version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if expected is not None and version != expected:
+                return STALE, version
+            if isinstance(byte_range, RangeByteRequest):
+                stop = min(byte_range.end, stat.st_size)
+                return os.pread(fd, max(stop - byte_range.start, 0), byte_range.start), version
+            if isinstance(byte_range, OffsetByteRequest):
+                return os.pread(fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset), version
+            if byte_range is not None and not isinstance(byte_range, SuffixByteRequest):
+                raise TypeError(f"Unexpected byte_range, got {byte_range}")
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            stat = os.fstat(fd)
+            version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            size = committed_size(path, stat)
+            if size != stat.st_size:
+                version = None
+            if byte_range is None:
+                return os.pread(fd, size, 0), version
+            start = max(size - byte_range.suffix, 0)
+            return os.pread(fd, size - start, start), version
+        finally:
+            os.close(fd)
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):
