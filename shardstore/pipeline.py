@@ -268,7 +268,12 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await super().write(chunks, value, drop_axes)
             return
         codec = _direct(self, chunks, value)
-        routed = None if codec is None else await store.internals.route_chunks(_paths(chunks), writing=True)
+        whole = all(info[4] for info in chunks)  # (no chunk's old bytes to read)
+        routed = (
+            None
+            if codec is None
+            else await store.internals.route_chunks(_paths(chunks), writing=True, reads_nothing=whole)
+        )
         if codec is not None and routed is not None:
             await self._write_shards(store, chunks, routed, codec, value, drop_axes)
             return

@@ -167,10 +167,10 @@ def _spec_of(data: np.ndarray[Any, Any]) -> ArraySpec:
     return _spec(arr)
 
 
-def _zstd_codec(shape: tuple[int, ...], dtype: str, level: int = 0) -> Any:
+def _zstd_codec(shape: tuple[int, ...], dtype: str, level: int = 0, checksum: bool = False) -> Any:
     endian = "big" if dtype.startswith(">") else "little"
     spec = _spec_of(np.zeros(shape, np.dtype(dtype).newbyteorder("=")))
-    return chunk_codec([BytesCodec(endian=endian), ZstdCodec(level=level)], spec)
+    return chunk_codec([BytesCodec(endian=endian), ZstdCodec(level=level, checksum=checksum)], spec)
 
 
 @settings(max_examples=40, deadline=None)
@@ -178,12 +178,14 @@ def _zstd_codec(shape: tuple[int, ...], dtype: str, level: int = 0) -> Any:
     st.sampled_from(["f4", ">f8", "u1", "<i2"]),
     st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
     st.integers(1, 6),
+    st.sampled_from([-1, 0, 3, 9]),
+    st.booleans(),
     st.data(),
 )
 def test_chunks_encoded_together_are_the_frames_each_gets_alone_and_decode_together(
-    dtype: str, shape: tuple[int, ...], n: int, data: Any
+    dtype: str, shape: tuple[int, ...], n: int, level: int, checksum: bool, data: Any
 ) -> None:
-    codec = _zstd_codec(shape, dtype)
+    codec = _zstd_codec(shape, dtype, level, checksum)
     assert codec is not None
     stacked = (sample((n, *shape), "f8", seed=n) * 50).astype(dtype)
     places = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))

@@ -144,6 +144,35 @@ def test_writes_inside_a_batch_are_buffered_like_any_other(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("pipeline")
+def test_whole_chunks_written_in_a_batch_go_shard_by_shard_and_a_part_merges_with_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's write of whole chunks reads nothing, so it is encoded shard by shard
+    as outside a batch; a write of part of a chunk reads the chunk, which only the
+    key-by-key path finds in the batch, so it goes that way."""
+    shards: list[int] = []
+    real = shardstore.pipeline.encode_shards
+    monkeypatch.setattr(
+        shardstore.pipeline, "encode_shards", lambda *a, **k: (shards.append(len(a[2])), real(*a, **k))[1]
+    )
+    store, inner = _counted(tmp_path)
+    arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(4, 4), dtype="i4")
+    expected = np.zeros((16, 16), "i4")
+    inner.counts.reset()
+    with store.batch():
+        arr[:8, :12] = 1
+        expected[:8, :12] = 1
+        assert shards and sum(shards) == 1  # (its one shard: 4x4 chunks of 4x4)
+        arr[1:3, 5:7] = 5  # part of a buffered chunk
+        expected[1:3, 5:7] = 5
+        assert sum(shards) == 1
+        assert inner.counts.writes == 0
+        np.testing.assert_array_equal(arr[:], expected)
+    np.testing.assert_array_equal(arr[:], expected)
+    assert inner.counts.writes == 1
+
+
+@pytest.mark.usefixtures("pipeline")
 def test_other_stores_and_zarrs_own_sharding_get_zarrs_pipeline_behaviour(tmp_path: Path) -> None:
     data = sample((32, 32), "f4")
     plain = zarr.create_array(MemoryStore(), name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
