@@ -359,7 +359,8 @@ def test_a_read_after_a_write_does_not_join_a_fetch_sent_before_it(tmp_path: Pat
         inside = threading.Event()
 
         def _read_versioned(self, path: Any, byte_range: Any, expected: Any) -> Any:
-            if self.armed and byte_range is None and path.name == "0" and path.parent.name == "0":
+            where = Path(path)
+            if self.armed and byte_range is None and where.name == "0" and where.parent.name == "0":
                 self.armed = False  # the first whole fetch of shard a/c/0/0 only
                 self.inside.set()
                 assert self.gate.wait(timeout=60)
