@@ -11,6 +11,7 @@ every other chunk is decoded or encoded alone. Each function works on a ``part``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -160,22 +161,26 @@ def _scattered_together(
     reports: list[Any],
 ) -> bool:
     """Decode the chunks ``members`` of one shard (stored at ``entries`` of its bytes
-    ``data``) in one call and put each in its place; False where that cannot be done:
-    a chain without such a call, a lone chunk, or damage (the caller then decodes them
-    one by one, to name the damaged one)."""
-    if len(members) < 2:
+    ``data``) in one call and put each in its place; False where that cannot be done
+    (the caller then decodes them one by one, and names a damaged one): a chain
+    without such a call, a lone chunk, big chunks (each is decoded straight into
+    place, not held twice), chunks of different shapes (a rectilinear grid), damage."""
+    shape = tuple(chunks[members[0]][1].shape) if members else ()
+    if len(members) < 2 or codec.dtype.itemsize * math.prod(shape) > JOINED_CHUNK_BYTES:
+        return False
+    if any(tuple(chunks[n][1].shape) != shape for n in members):
         return False
     rows = np.array(entries, dtype=np.uint64).reshape(-1, 2)
     present = rows[:, 0] != _ABSENT
     try:
-        decoded = codec.decode_stacked(data, rows[present], tuple(chunks[members[0]][1].shape))
-    except ValueError:
+        decoded = codec.decode_stacked(data, rows[present], shape)
+        if decoded is None:
+            return False
+        each = iter(decoded)
+        for n, here in zip(members, present.tolist(), strict=True):
+            reports[n] = place_chunk(next(each) if here else None, chunks[n], target, drop_axes)
+    except Exception:  # (what zarr's codecs would say, the chunk-by-chunk path finds out)
         return False
-    if decoded is None:
-        return False
-    each = iter(decoded)
-    for n, here in zip(members, present.tolist(), strict=True):
-        reports[n] = place_chunk(next(each) if here else None, chunks[n], target, drop_axes)
     return True
 
 

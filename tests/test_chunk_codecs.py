@@ -268,3 +268,32 @@ def test_big_chunks_are_compressed_by_numcodecs_and_small_ones_in_one_context() 
     small_codec = _zstd_codec(small.shape, "f4")
     contexts = small_codec.compressors[0]._contexts()
     assert small_codec.encode(small) == contexts[0].compress(small)
+
+
+def test_chunks_decode_together_only_where_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's small chunks a read wants decode in one call; big ones (past
+    JOINED_CHUNK_BYTES) each straight into place, never held twice."""
+    from shardstore.chunk_codecs import ChunkCodec
+    from shardstore.chunk_work import JOINED_CHUNK_BYTES
+
+    together: list[int] = []
+    real = ChunkCodec.decode_stacked
+
+    def counted(self: ChunkCodec, data: Any, segments: Any, shape: tuple[int, ...]) -> Any:
+        together.append(len(segments))
+        return real(self, data, segments, shape)
+
+    monkeypatch.setattr(ChunkCodec, "decode_stacked", counted)
+    big = (JOINED_CHUNK_BYTES // 4 // 128 + 1, 128)  # f4 chunks just past the limit
+    for name, chunks in (("small", (8, 8)), ("big", big)):
+        shape = (chunks[0] * 4, chunks[1] * 4)
+        data = sample(shape, "f4")
+        with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+            arr = zarr.create_array(
+                ShardingStore(str(tmp_path / name), (2, 2)), name="a", shape=shape, chunks=chunks, dtype="f4"
+            )
+            arr[:] = data
+            together.clear()
+            row = slice(chunks[0], chunks[0] + 1)  # a row across the chunks of two shards, in part
+            np.testing.assert_array_equal(arr[row, :], data[row, :])
+        assert together == ([2, 2] if name == "small" else []), name

@@ -408,9 +408,21 @@ def test_local_reads_of_what_is_no_file_are_absent_and_of_files_carry_their_vers
         ("file", SuffixByteRequest(4)),
         ("file", RangeByteRequest(2, 5)),
     ]
+    requests.append(("file/", None))  # (a trailing slash: the file, as zarr's LocalStore reads it)
     got = asyncio.run(inner.get_many_versioned(requests, [None] * len(requests)))
-    assert [value for value, _ in got] == [None, None, None, None, None, b"0123456789", b"6789", b"234"]
+    assert [value for value, _ in got] == [
+        None,
+        None,
+        None,
+        None,
+        None,
+        *[b"0123456789", b"6789", b"234"],
+        b"0123456789",
+    ]
     assert [version for _, version in got][:5] == [None] * 5
-    assert got[5][1] == got[6][1] == got[7][1] == inner.version("file")
+    assert got[5][1] == got[6][1] == got[7][1] == got[8][1] == inner.version("file")
+    (tmp_path / ".file.appending").mkdir()  # an append journal that cannot be read: ignored
+    [(value, _)] = asyncio.run(inner.get_many_versioned([("file", SuffixByteRequest(2))], [None]))
+    assert value == b"89"
     [(value, _)] = asyncio.run(inner.get_many_versioned([("file", RangeByteRequest(0, 1))], [(0, 10, 0)]))
     assert value is STALE

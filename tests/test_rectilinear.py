@@ -233,3 +233,26 @@ def test_shard_aware_pipeline_over_rectilinear_grids(
         assert isinstance(arr._async_array.codec_pipeline, ShardAwarePipeline)
         np.testing.assert_array_equal(arr[4:21, 7:19], data[4:21, 7:19])
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
+
+
+@needs_rectilinear
+@pytest.mark.usefixtures("rectilinear")
+def test_chunks_of_one_shard_of_different_shapes_but_as_many_elements_read_each_as_its_own(
+    tmp_path: Path,
+) -> None:
+    """Chunks of a shard are decoded together only where they have one shape: a 2x3
+    and a 3x2 chunk decode to as many bytes, and must not be read as each other."""
+    from shardstore import PIPELINE_PATH
+
+    data = np.arange(25, dtype="i4").reshape(5, 5)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(str(tmp_path / "s"), (2, 2)), name="a", shape=(5, 5), chunks=[[2, 3], [3, 2]],
+            dtype="i4", fill_value=0,
+        )  # fmt: skip
+        arr[:] = data
+        arr = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+        rows, cols = np.array([0, 1, 3, 4]), np.array([0, 2, 3, 4])  # in chunks (0, 0) and (1, 1)
+        np.testing.assert_array_equal(arr.get_coordinate_selection((rows, cols)), data[rows, cols])
+        np.testing.assert_array_equal(arr.vindex[[0, 3], [0, 4]], data[[0, 3], [0, 4]])
+        np.testing.assert_array_equal(arr[:], data)

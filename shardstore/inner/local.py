@@ -45,7 +45,7 @@ def committed_size(path: Path | str, stat: os.stat_result) -> int:
     try:  # (string paths: every whole or index read asks, and a Path costs more than the open)
         with open(_journal_name(path), "rb") as journal:
             inode, size = (int(v) for v in journal.read().split())
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return stat.st_size
     return size if inode == stat.st_ino and size < stat.st_size else stat.st_size
 
@@ -88,6 +88,13 @@ class LocalInner(InnerStore):
     def _path(self, key: str) -> Path:
         return self.root / key if key else self.root
 
+    def _file(self, key: str) -> str:
+        """``_path(key)`` as a string, made without a Path for the plain keys chunk and
+        shard reads use (making a Path costs more than reading a shard index)."""
+        if key and key[0] != "/" and not key.endswith(("/", "/.")) and "//" not in key:
+            return f"{self._root}/{key}"
+        return os.fspath(self._path(key))
+
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         with failure("read", key):
             return await asyncio.to_thread(self._read, self._path(key), byte_range)
@@ -106,7 +113,7 @@ class LocalInner(InnerStore):
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                got[k] = self._read_versioned(os.path.join(self._root, key), byte_range, expected[k])
+                got[k] = self._read_versioned(self._file(key), byte_range, expected[k])
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
