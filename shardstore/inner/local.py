@@ -89,15 +89,15 @@ class LocalInner(InnerStore):
         return self.root / key if key else self.root
 
     def _file(self, key: str) -> str:
-        """``_path(key)`` as a string, made without a Path for the plain keys chunk and
-        shard reads use (making a Path costs more than reading a shard index)."""
+        """``_path(key)`` as a string, for reads: made without a Path for the plain keys
+        chunk and shard reads use (making a Path costs more than reading a shard index)."""
         if key and key[0] != "/" and not key.endswith(("/", "/.")) and "//" not in key:
             return f"{self._root}/{key}"
         return os.fspath(self._path(key))
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         with failure("read", key):
-            return await asyncio.to_thread(self._read, self._path(key), byte_range)
+            return await asyncio.to_thread(self._read, self._file(key), byte_range)
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
         return [value for value, _ in await self.get_many_versioned(requests, [None] * len(requests))]
@@ -125,7 +125,7 @@ class LocalInner(InnerStore):
     def version(self, key: str) -> Hashable | None:
         try:
             # a string path: a Path costs more than the stat (cached shards are checked per read)
-            stat = os.stat(os.path.join(self._root, key))
+            stat = os.stat(self._file(key))
         except (FileNotFoundError, NotADirectoryError):
             return None
         return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -134,7 +134,7 @@ class LocalInner(InnerStore):
         return version[1] if isinstance(version, tuple) else None
 
     @staticmethod
-    def _read(path: Path, byte_range: ByteRequest | None) -> bytes | None:
+    def _read(path: Path | str, byte_range: ByteRequest | None) -> bytes | None:
         return LocalInner._read_versioned(path, byte_range, None)[0]
 
     @staticmethod
