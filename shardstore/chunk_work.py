@@ -12,7 +12,7 @@ every other chunk is decoded or encoded alone. Each function works on a ``part``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -23,8 +23,9 @@ from zarr.core.buffer import NDBuffer
 
 from shardstore.blocks import block_view, chunks_of_block, stacked_chunks
 from shardstore.chunk_codecs import ChunkCodec
-from shardstore.formats.base import table_entry
+from shardstore.formats.base import ShardFormat, table_entry
 from shardstore.reading.cache import ShardSnapshot
+from shardstore.writing.updates import BuiltShard
 
 __all__ = [
     "REPORTS",
@@ -289,24 +290,33 @@ def encode_shards(
     part: range,
     value: NDBuffer,
     drop_axes: tuple[int, ...],
-    encoded: list[dict[int, Any]],
+    encoded: list[dict[int, Any] | BuiltShard],
     failed: list[tuple[int, bytes | None]],
+    shard_format: ShardFormat | None = None,
 ) -> None:
     """The new bytes of the chunks of the shards ``part`` of ``shards`` (by place; None:
     no chunk) into ``encoded[k]``; a shard that is a whole block of a value stored raw
-    is cut out of the value in one copy. Chunks whose old bytes do not decode go to
-    ``failed`` (with those bytes)."""
+    is cut out of the value in one copy (into the shard object itself, built by
+    ``shard_format``, where every chunk is stored). Chunks whose old bytes do not
+    decode go to ``failed`` (with those bytes)."""
     source: Any = value.as_ndarray_like()
     spec = chunks[0][1]
     shape = tuple(spec.shape)
+    small = codec.raw or codec.dtype.itemsize * math.prod(shape) <= JOINED_CHUNK_BYTES
+    wholes: dict[int, npt.NDArray[Any]] = {}
+    if block is not None and source.shape != () and small:  # (big chunks: each from the value)
+        for k in part:
+            origin = shards[k][3]
+            if origin is not None and origin[0] >= 0:
+                whole = block_view(source, origin.tolist(), block, shape)
+                if whole is not None:
+                    wholes[k] = whole
+    dense = _dense_shards(codec, spec, shard_format, len(wholes))
     for k in part:
-        members, places, snapshot, origin = shards[k]
-        whole = None
-        small = codec.raw or codec.dtype.itemsize * int(np.prod(shape)) <= JOINED_CHUNK_BYTES
-        if block is not None and origin is not None and origin[0] >= 0 and source.shape != () and small:
-            whole = block_view(source, origin.tolist(), block, shape)  # (big chunks: each from the value)
-        if whole is not None:
-            encoded[k] = _block_chunks(codec, whole, block, spec)  # type: ignore[arg-type]
+        members, places, snapshot, _ = shards[k]
+        if k in wholes:
+            assert block is not None
+            encoded[k] = _block_chunks(codec, wholes[k], block, spec, next(dense, None))
             continue
         data = None if snapshot is None else memoryview(snapshot.data)
         olds = _entries(snapshot.index, places) if snapshot is not None else [(_ABSENT, 0)] * len(places)
@@ -320,18 +330,44 @@ def encode_shards(
         encoded[k] = values
 
 
+def _dense_shards(
+    codec: ChunkCodec, spec: ArraySpec, shard_format: ShardFormat | None, count: int
+) -> Iterator[tuple[memoryview, memoryview]]:
+    """New shard objects for ``count`` whole blocks stored raw (see
+    :meth:`ShardFormat.dense_shards`), one after another; none where the chunks are
+    not stored raw or the format has no such layout."""
+    chunk_nbytes = codec.dtype.itemsize * math.prod(spec.shape)
+    if not (codec.raw and count and chunk_nbytes and shard_format is not None):
+        return iter(())
+    return iter(shard_format.dense_shards(chunk_nbytes, count) or ())
+
+
 def _block_chunks(
-    codec: ChunkCodec, whole: npt.NDArray[Any], block: tuple[int, ...], spec: ArraySpec
-) -> dict[int, Any]:
+    codec: ChunkCodec,
+    whole: npt.NDArray[Any],
+    block: tuple[int, ...],
+    spec: ArraySpec,
+    dense: tuple[memoryview, memoryview] | None,
+) -> dict[int, Any] | BuiltShard:
     """The new bytes of every chunk of a shard's whole block (by place; None: no chunk),
-    from one copy of the block in the shard's order: stored raw, views of that copy."""
+    from one copy of the block in the shard's order: stored raw, views of that copy,
+    copied into the ``dense`` shard object given where it fits and then, if every
+    chunk is stored, that shard itself."""
     ndim = len(block)
     order = tuple(range(0, 2 * ndim, 2)) + tuple(range(1, 2 * ndim, 2))
+    in_order = whole.transpose(order)
     # always a copy: raw chunks are views of it, and a commit can outlive the call that
     # wrote it (a cancelled write), when the caller may have reused its array
-    stacked = np.array(whole.transpose(order), dtype=codec.dtype, order="C", copy=True)
+    if dense is not None and dense[1].nbytes == in_order.size * codec.dtype.itemsize:
+        stacked = np.frombuffer(dense[1], dtype=codec.dtype).reshape(in_order.shape)
+        stacked[...] = in_order
+    else:
+        dense = None
+        stacked = np.array(in_order, dtype=codec.dtype, order="C", copy=True)
     stacked = stacked.reshape((-1, *spec.shape))
     empty = _fill_chunks(stacked, spec)
+    if dense is not None and not empty:
+        return BuiltShard(*dense, stacked[0].nbytes)
     if codec.raw:
         raw = memoryview(stacked.reshape(-1).view(np.uint8))
         size = raw.nbytes // len(stacked)

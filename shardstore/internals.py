@@ -17,6 +17,7 @@ from shardstore.metadata_gateway import MetadataGateway
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.reading.reader import ShardReader
 from shardstore.routing import KeyRouter, RoutedChunks
+from shardstore.writing.updates import BuiltShard
 from shardstore.writing.writer import ShardWriter
 
 __all__ = ["StoreInternals"]
@@ -80,13 +81,20 @@ class StoreInternals:
             return None
         return await self._router.route_many(keys)
 
-    async def write_shards(self, updates: Sequence[tuple[ShardAddress, dict[int, bytes | None]]]) -> None:
-        """New values (None: erase) of chunks of several shards by place, one commit per
-        shard, concurrently; done when all are durable (a shard whose every chunk is
-        given is written without reading it)."""
+    async def write_shards(
+        self, updates: Sequence[tuple[ShardAddress, dict[int, bytes | None] | BuiltShard]]
+    ) -> None:
+        """New values (None: erase) of chunks of several shards by place, or shards built
+        whole, one commit per shard, concurrently; done when all are durable (a shard
+        whose every chunk is given is written without reading it)."""
         await self._writer.write_all(
             {
-                shard.key: (shard, {place: [value] for place, value in values.items()})
+                shard.key: (
+                    shard,
+                    values
+                    if isinstance(values, BuiltShard)
+                    else {place: [value] for place, value in values.items()},
+                )
                 for shard, values in updates
             }
         )

@@ -73,6 +73,7 @@ from shardstore.reading.cache import ShardSnapshot
 from shardstore.routing import RoutedChunks
 from shardstore.store import ShardingStore
 from shardstore.tasks import in_threads
+from shardstore.writing.updates import BuiltShard
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
 
@@ -319,17 +320,17 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         groups = _groups(routed, internals.fetch_concurrency, held=WRITE_GROUPS)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
-        async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any]]]:
+        async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard]]:
             cut = [(s, members[s][~complete[members[s]]]) for s in group]  # chunks covered in part
             partial = [(s, wanted) for s, wanted in cut if len(wanted)]
             read = await internals.read_shards(_wanted(chunks, routed, partial)) if partial else []
             snapshots = dict(zip([s for s, _ in partial], read, strict=True))
             parts = _parts(routed, members, origins, group, [snapshots.get(s) for s in group])
-            new: list[dict[int, Any]] = [{} for _ in parts]
+            new: list[dict[int, Any] | BuiltShard] = [{} for _ in parts]
             failed: list[tuple[int, bytes | None]] = []
             encode = functools.partial(
                 encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
-                encoded=new, failed=failed,
+                encoded=new, failed=failed, shard_format=routed.shards[group[0]].shard_format,
             )  # fmt: skip
             await in_threads(
                 encode, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
@@ -343,7 +344,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 for (n, _), (held, *_) in zip(failed, items, strict=True):
                     for _, written in held.written:
                         k, place = where[n]
-                        new[k][place] = None if written is None else written.to_bytes()
+                        values = new[k]
+                        assert not isinstance(values, BuiltShard)  # (only shards read in part fail)
+                        values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
         await _ahead(

@@ -401,7 +401,7 @@ class ShardingStore(Store):
                 stored.append(slot)
             elif independent_of_old(pending):
                 value = apply_updates(None, pending)
-                results[slot] = None if value is None else slice_range(value, byte_range)
+                results[slot] = None if value is None else slice_range(memoryview(value), byte_range)
             else:
                 spliced.append((slot, pending))
         wanted = [chunks[i] for i in stored] + [(chunks[i][0], None) for i, _ in spliced]
@@ -410,7 +410,9 @@ class ShardingStore(Store):
             results[slot] = read_value
         for slot, pending in spliced:
             spliced_value = apply_updates(results[slot], pending)
-            results[slot] = None if spliced_value is None else slice_range(spliced_value, chunks[slot][1])
+            results[slot] = (
+                None if spliced_value is None else slice_range(memoryview(spliced_value), chunks[slot][1])
+            )
         return results
 
     async def _size(self, key: str) -> int | None:

@@ -62,6 +62,15 @@ def test_only_the_indexed_format_with_its_index_at_the_end_is_appendable() -> No
     assert not PRECOMPUTED.appendable
 
 
+def test_only_the_indexed_format_lays_out_dense_shards_for_callers_to_fill() -> None:
+    """Precomputed shards order chunks by minishard and may gzip them: no fixed place
+    for a chunk's bytes before they are known."""
+    assert PRECOMPUTED.dense_shards(16, 2) is None
+    blob, area = INDEXED.dense_shards(3, 1)[0]  # type: ignore[index]
+    area[:] = bytes(range(48))
+    assert INDEXED.split(bytes(blob), "0.shard") == {p: bytes(range(3 * p, 3 * p + 3)) for p in range(16)}
+
+
 def test_precomputed_ids_of_one_shard_land_in_it() -> None:
     fmt = PrecomputedSharding(0, "identity", 1, 2)
     ids = np.arange(64, dtype=np.uint64)

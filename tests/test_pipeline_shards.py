@@ -7,6 +7,7 @@ through zarr's codecs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
 
@@ -234,3 +236,76 @@ def test_a_write_reads_only_the_chunks_it_covers_in_part(tmp_path: Path) -> None
     expected = np.arange(64, dtype="i4")
     expected[0:15] = 8
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], expected)
+
+
+class _Recording(LocalInner):
+    """Records what each commit's change gives the store to write, by shard key."""
+
+    def __init__(self, root: str, *, writes_buffers: bool = True) -> None:
+        super().__init__(root)
+        self.capabilities = dataclasses.replace(LocalInner.capabilities, writes_buffers=writes_buffers)
+        self.written: dict[str, Any] = {}
+
+    def _update(self, path: Path, change: Any, read_old: bool) -> None:
+        def recorded(old: bytes | None) -> Any:
+            new = change(old)
+            self.written[path.relative_to(self.root).as_posix()] = new
+            return new
+
+        super()._update(path, recorded, read_old)
+
+
+@pytest.mark.parametrize("writes_buffers", [True, False])
+@pytest.mark.parametrize("index_location", ["start", "end"])
+def test_a_raw_whole_block_is_copied_once_into_the_shard_object_it_commits(
+    tmp_path: Path, writes_buffers: bool, index_location: str
+) -> None:
+    """A shard stored raw whose every chunk a write gives is built around one copy of
+    its block: the object holds the chunks in order and the index, exactly what the
+    format builds of those chunks; it is written as it is where the inner store takes
+    any buffer, else as bytes. A shard with a chunk of fill values leaves it out. (The
+    chunks are stored big-endian: the copy is also the byte swap.)"""
+    inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers)
+    store = ShardingStore(inner, CPS, index_location=index_location, index_checksum=True)  # type: ignore[arg-type]
+    value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
+    value[0:3, 0:2] = 0  # chunk (0, 0) is all fill: shard (0, 0) stores 5 chunks of 6
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            store, name="a", shape=(18, 18), chunks=CHUNKS, dtype="i4", compressors=None, fill_value=0,
+            serializer={"name": "bytes", "configuration": {"endian": "big"}},
+        )  # fmt: skip
+        arr[:] = value
+        np.testing.assert_array_equal(arr[:], value)
+    fmt = IndexedFormat(CPS, index_location, True)  # type: ignore[arg-type]
+    shards = {key: new for key, new in inner.written.items() if "/c/" in f"/{key}"}
+    assert len(shards) == 9
+    for key, new in shards.items():
+        i, j = (int(c) for c in key.split("/")[-2:])
+        block = value[i * 6 : (i + 1) * 6, j * 6 : (j + 1) * 6]
+        chunks = {
+            p: block[a * 3 : (a + 1) * 3, b * 2 : (b + 1) * 2].astype(">i4").tobytes()
+            for p, (a, b) in enumerate(np.ndindex(CPS))
+            if (i, j, a, b) != (0, 0, 0, 0)
+        }
+        assert bytes(new) == fmt.build(chunks)
+        built = (i, j) != (0, 0)
+        assert isinstance(new, memoryview) == (built and writes_buffers), key
+
+
+def test_a_shard_built_whole_inside_a_batch_merges_with_later_writes_to_it(tmp_path: Path) -> None:
+    inner = CountingInner(LocalInner(str(tmp_path / "s")))
+    store = ShardingStore(inner, (2, 2))
+    expected = np.arange(64, dtype="i4").reshape(8, 8)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="i4", compressors=None)
+        inner.counts.reset()
+        with store.batch():
+            arr[:] = expected  # four shards, each built whole, so complete: committed at once
+            arr[0:1, 0:1] = -1  # part of a chunk of a buffered shard
+            arr[4:6, 4:6] = -2  # a whole chunk of another
+            expected[0:1, 0:1] = -1
+            expected[4:6, 4:6] = -2
+            np.testing.assert_array_equal(arr[:], expected)  # (reads see the batch)
+        assert inner.counts.writes == 4 + 2  # each shard once as it was complete, two again at the end
+    reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+    np.testing.assert_array_equal(reopened[:], expected)

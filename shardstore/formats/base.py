@@ -30,7 +30,7 @@ ChunkTable: TypeAlias = npt.NDArray[np.uint64] | dict[int, tuple[int, int]]
 position (absent rows all ``2**64 - 1``), or ``{chunk id: (offset, nbytes)}``."""
 
 
-Change: TypeAlias = tuple[bool, Callable[[bytes | None], bytes | None]]
+Change: TypeAlias = tuple[bool, Callable[[bytes | None], bytes | memoryview | None]]
 """A change to one chunk: whether it needs the old bytes, and the new value it makes of
 them (None: no chunk)."""
 EMPTIED = b"<emptied>"
@@ -243,8 +243,16 @@ class ShardFormat(ABC):
         raise NotImplementedError(f"{self.type_name} shards are not appended to")
 
     @abstractmethod
-    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+    def build(self, chunks: Mapping[int, bytes | memoryview]) -> bytes:
         """One compact shard object holding ``chunks`` (chunk -> stored bytes)."""
+
+    def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]] | None:
+        """``count`` new shard objects in each of which every chunk is present and
+        ``chunk_nbytes`` long, stored in chunk order, with the index written; each with
+        a writable view of its data area for the caller to fill (chunk ``p`` at
+        ``p * chunk_nbytes``). Chunks stored raw go straight into the object, not
+        through :meth:`build`'s copy. None where the format lays shards out otherwise."""
+        return None
 
     @abstractmethod
     def parse(self, blob: bytes, key: str) -> ChunkTable:

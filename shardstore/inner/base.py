@@ -135,6 +135,10 @@ class Capabilities:
     conditional_deletes: bool = False
     """``write_if(key, None, version)`` checks the version too (S3: ``If-Match`` on
     the DELETE)."""
+    writes_buffers: bool = False
+    """The new value a change gives :meth:`InnerStore.update` may be any contiguous
+    bytes-like object (a ``memoryview``), written as it is: a shard built in place
+    then needs no copy into ``bytes`` (local files). Elsewhere it is always ``bytes``."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a

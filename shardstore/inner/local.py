@@ -73,7 +73,7 @@ class LocalInner(InnerStore):
     (temporary file, then rename), so neither a concurrent reader nor a crash ever
     sees half a shard."""
 
-    capabilities = Capabilities(versions=True, versioned_ranges=True, append=True)
+    capabilities = Capabilities(versions=True, versioned_ranges=True, append=True, writes_buffers=True)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()

@@ -11,6 +11,7 @@ from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.formats.base import ShardFormat
 
 __all__ = [
+    "BuiltShard",
     "ShardUpdates",
     "Splice",
     "Update",
@@ -33,16 +34,34 @@ class Splice:
     data: bytes
 
 
-Update: TypeAlias = bytes | Splice | None
-"""New bytes for a chunk, a splice into its current bytes, or None to erase it."""
+Update: TypeAlias = bytes | memoryview | Splice | None
+"""New bytes for a chunk (a view of a new shard's), a splice into its current bytes, or
+None to erase it."""
 ShardUpdates: TypeAlias = dict[int, list[Update]]
 """The updates to one shard: index position -> that chunk's updates, oldest first."""
 UpdatesByShard: TypeAlias = dict[str, tuple[ShardAddress, ShardUpdates]]
 """Updates grouped per shard key, as one zarr call's keys are before their commits."""
 
 
-def apply_updates(old: bytes | memoryview | None, updates: list[Update]) -> bytes | None:
-    value = None if old is None else bytes(old)
+@dataclass(frozen=True)
+class BuiltShard:
+    """A shard object built whole by the writer of every chunk in it (see
+    :meth:`~shardstore.formats.base.ShardFormat.dense_shards`): committed as it is where
+    nothing else is pending for the shard, else as the updates of its chunks."""
+
+    blob: memoryview
+    data: memoryview
+    """The data area of ``blob``: chunk ``p`` at ``p * chunk_nbytes``."""
+    chunk_nbytes: int
+
+    def updates(self) -> ShardUpdates:
+        """Its chunks as updates (views of ``blob``), to merge with others."""
+        size = self.chunk_nbytes
+        return {p: [self.data[p * size : (p + 1) * size]] for p in range(len(self.data) // size)}
+
+
+def apply_updates(old: bytes | memoryview | None, updates: list[Update]) -> bytes | memoryview | None:
+    value: bytes | memoryview | None = None if old is None else bytes(old)
     for update in updates:
         if isinstance(update, Splice):
             buf = bytearray(value or b"")
@@ -128,7 +147,7 @@ def rebuilt_shard(
             if value is not None and not isinstance(value, Splice)
         }
         return fmt.build(new) if new else None
-    chunks = {} if old is None else fmt.split(old, key)
+    chunks: dict[int, bytes | memoryview] = {} if old is None else dict(fmt.split(old, key))
     for chunk, ups in updates.items():
         value = apply_updates(chunks.get(chunk), ups)
         if value is None:

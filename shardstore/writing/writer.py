@@ -20,10 +20,10 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import zarr
 from zarr.core.sync import sync
@@ -39,9 +39,9 @@ from shardstore.tasks import gather, spawn
 from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import (
+    BuiltShard,
     ShardUpdates,
     Update,
-    UpdatesByShard,
     apply_updates,
     covers_shard,
     independent_of_old,
@@ -69,6 +69,12 @@ class _Job:
 
 def _deleted(old: bytes | None) -> None:
     return None
+
+
+def _built(blob: memoryview, as_bytes: bool, old: bytes | None) -> bytes:
+    """A shard built whole (:class:`BuiltShard`), as the inner store takes it: as it
+    is where the store writes any buffer (``Capabilities.writes_buffers``)."""
+    return bytes(blob) if as_bytes else cast(bytes, blob)
 
 
 def _describe(keys: list[str], limit: int = 5) -> str:
@@ -160,20 +166,27 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
-    async def write_all(self, by_shard: UpdatesByShard) -> None:
-        """Updates to several shards, one commit each, concurrently. Outside a batch the
-        shards the updates replace whole, and that no commit of this store is pending
-        for, are committed together (:meth:`_replace_all`); the others go through the
-        commit queue, behind what is pending."""
+    async def write_all(self, by_shard: Mapping[str, tuple[ShardAddress, ShardUpdates | BuiltShard]]) -> None:
+        """Updates to several shards (or shards built whole), one commit each,
+        concurrently. Outside a batch the shards the updates replace whole, and that
+        no commit of this store is pending for, are committed together
+        (:meth:`_replace_all`); the others go through the commit queue, behind what
+        is pending."""
         whole = (
             []
             if self._buffer is not None
-            else [s.key for s, ups in by_shard.values() if self._replaced(s, ups)]
+            else [
+                s.key for s, ups in by_shard.values() if isinstance(ups, BuiltShard) or self._replaced(s, ups)
+            ]
         )
         free, release = self._queue.reserve(whole)
         reserved = set(free)
         together = [by_shard[key] for key in free]
-        queued = [self.write(shard, ups) for key, (shard, ups) in by_shard.items() if key not in reserved]
+        queued = [
+            self.write(shard, ups.updates() if isinstance(ups, BuiltShard) else ups)
+            for key, (shard, ups) in by_shard.items()
+            if key not in reserved
+        ]
         await gather(*([self._replace_all(together, release)] if together else []), *queued)
 
     def _replaced(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
@@ -285,7 +298,7 @@ class ShardWriter:
             self._on_commit(shard_key)
 
     async def _replace_all(
-        self, shards: list[tuple[ShardAddress, ShardUpdates]], release: Callable[[], None]
+        self, shards: list[tuple[ShardAddress, ShardUpdates | BuiltShard]], release: Callable[[], None]
     ) -> None:
         """Commit shards whose every chunk the updates decide, in one
         :meth:`InnerStore.update_many`: nothing to read, merge or append, so no turn in
@@ -297,15 +310,21 @@ class ShardWriter:
         task.add_done_callback(lambda _: release())  # (also if the task never ran)
         await outcome(task)
 
-    async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardUpdates]]) -> None:
+    async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardUpdates | BuiltShard]]) -> None:
         if log.isEnabledFor(logging.DEBUG):
             for shard, ups in shards:
-                log.debug("commit %r: %d chunk(s), replaced whole", shard.key, len(ups))
+                what = (
+                    "built whole" if isinstance(ups, BuiltShard) else f"{len(ups)} chunk(s), replaced whole"
+                )
+                log.debug("commit %r: %s", shard.key, what)
         keep_empty = not self._inner.capabilities.ordered_deletes
+        as_is = self._inner.capabilities.writes_buffers
         changes: list[tuple[str, ObjectChange]] = [
             (
                 shard.key,
-                functools.partial(
+                functools.partial(_built, ups.blob, not as_is)
+                if isinstance(ups, BuiltShard)
+                else functools.partial(
                     rebuilt_shard, shard.shard_format, shard.key, updates=ups, keep_empty=keep_empty
                 ),
             )

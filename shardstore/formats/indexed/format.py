@@ -355,7 +355,7 @@ class IndexedFormat(ShardFormat):
             for pos in present_positions(index)
         }
 
-    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+    def build(self, chunks: Mapping[int, bytes | memoryview]) -> bytes:
         """A compact shard holding ``chunks`` (position -> encoded bytes) in position order."""
         positions = sorted(chunks)
         parts = [chunks[p] for p in positions]
@@ -369,6 +369,21 @@ class IndexedFormat(ShardFormat):
         raw_index = self.encode_index(index)
         # one join: the shard's bytes are copied once (a shard is megabytes, each copy costs)
         return b"".join([raw_index, *parts] if start else [*parts, raw_index])
+
+    def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]]:
+        # One allocation for all of them: from 4 MiB numpy asks the kernel for huge
+        # pages, and a fresh shard's memory then costs a few page faults, not 256 a MiB.
+        data_nbytes = self.n_chunks * chunk_nbytes
+        nbytes = data_nbytes + self.index_nbytes
+        start = self.index_nbytes if self.index_location == "start" else 0
+        index = self.empty_index()
+        index[:, 0] = np.arange(self.n_chunks, dtype=np.uint64) * np.uint64(chunk_nbytes) + np.uint64(start)
+        index[:, 1] = chunk_nbytes
+        raw_index = np.frombuffer(self.encode_index(index), dtype=np.uint8)
+        where = self.index_slice(nbytes)
+        objects = np.empty((count, nbytes), dtype=np.uint8)
+        objects[:, where] = raw_index
+        return [(memoryview(one), memoryview(one)[start : start + data_nbytes]) for one in objects]
 
     def problems(self, blob: bytes, key: str, chunk_nbytes: int | None = None) -> list[str]:
         """Each distinct problem once, naming its entries."""

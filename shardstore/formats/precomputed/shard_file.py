@@ -60,7 +60,7 @@ class _Problem(Exception):
     """One thing wrong with a shard, without the key (the public functions add it)."""
 
 
-def _encode(data: bytes, encoding: Encoding) -> bytes:
+def _encode(data: bytes | memoryview, encoding: Encoding) -> bytes:
     if encoding == "raw":
         return bytes(data)
     compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
@@ -156,7 +156,7 @@ def _shard_index_problems(table: npt.NDArray[np.uint64]) -> list[str]:
 # -- building ------------------------------------------------------------------------
 
 
-def build_shard(sharding: ShardingParams, chunks: Mapping[int, bytes]) -> bytes:
+def build_shard(sharding: ShardingParams, chunks: Mapping[int, bytes | memoryview]) -> bytes:
     """One shard file holding ``chunks`` (id -> raw chunk bytes, all of one shard), laid
     out as tensorstore writes it: shard index, then per minishard (ascending) its chunks
     by ascending id, each encoded per ``data_encoding``, then its minishard index.

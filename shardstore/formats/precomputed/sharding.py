@@ -260,7 +260,7 @@ class PrecomputedSharding(ShardingParams, ShardFormat):
         assert isinstance(table, dict)
         return TableFigures(len(table), sum(n for _, n in table.values()), 0)
 
-    def build(self, chunks: Mapping[int, bytes]) -> bytes:
+    def build(self, chunks: Mapping[int, bytes | memoryview]) -> bytes:
         return build_shard(self, chunks)
 
     def split(self, blob: bytes, key: str) -> dict[int, bytes]:
