@@ -271,19 +271,22 @@ def test_listings(s3: LocalS3) -> None:
     asyncio.run(run())
 
 
-def _closed_port() -> int:
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port that refuses connections for the whole test: bound, never listened on,
+    so that no server another test starts meanwhile can take it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
-def test_errors_name_the_key(s3: LocalS3) -> None:
+def test_errors_name_the_key(s3: LocalS3, closed_port: int) -> None:
     from obstore.store import S3Store
 
     unreachable = ObstoreInner(
         S3Store(
             "bucket",
-            endpoint=f"http://127.0.0.1:{_closed_port()}",
+            endpoint=f"http://127.0.0.1:{closed_port}",
             region="us-east-1",
             skip_signature=True,
             client_options={"allow_http": True},
