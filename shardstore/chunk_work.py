@@ -23,7 +23,7 @@ from zarr.core.buffer import NDBuffer
 
 from shardstore.blocks import block_view, chunks_of_block, stacked_chunks
 from shardstore.chunk_codecs import ChunkCodec
-from shardstore.formats.base import ShardFormat, table_entry
+from shardstore.formats.base import ABSENT, ShardFormat, table_rows
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.writing.updates import BuiltShard
 
@@ -43,8 +43,6 @@ REPORTS = hasattr(zarr.abc.codec, "GetResult")
 """zarr 3.4 and later want each chunk's read reported as present or missing."""
 PRESENT: Any = {"status": "present"} if REPORTS else None
 MISSING: Any = {"status": "missing"} if REPORTS else None
-_ABSENT = 2**64 - 1
-"""An index row's offset where the chunk is absent."""
 JOINED_CHUNK_BYTES = 256 << 10
 """Compressed chunks up to this size are decoded one after another and placed as a
 whole shard (few handoffs of the GIL a chunk); bigger ones each straight into place."""
@@ -135,7 +133,7 @@ def scatter_shards(
             stacked = None if whole is None else _block_of(codec, snapshot.data, table, spec)
             if whole is not None and stacked is not None:
                 whole[...] = chunks_of_block(stacked, block)
-                present = (table[places, 0] != _ABSENT).tolist()
+                present = (table[places, 0] != ABSENT).tolist()
                 for n, here in zip(members.tolist(), present, strict=True):
                     reports[n] = PRESENT if here else MISSING
                 continue
@@ -144,7 +142,7 @@ def scatter_shards(
         if _scattered_together(codec, chunks, members.tolist(), entries, data, target, drop_axes, reports):
             continue
         for n, (offset, nbytes) in zip(members.tolist(), entries, strict=True):
-            stored = None if offset == _ABSENT else data[offset : offset + nbytes]
+            stored = None if offset == ABSENT else data[offset : offset + nbytes]
             try:
                 reports[n] = decode_into(codec, stored, chunks[n], target, drop_axes)
             except Exception:
@@ -172,7 +170,7 @@ def _scattered_together(
     if any(tuple(chunks[n][1].shape) != shape for n in members):
         return False
     rows = np.array(entries, dtype=np.uint64).reshape(-1, 2)
-    present = rows[:, 0] != _ABSENT
+    present = rows[:, 0] != ABSENT
     try:
         decoded = codec.decode_stacked(data, rows[present], shape)
         if decoded is None:
@@ -199,7 +197,7 @@ def _block_of(
     size = codec.dtype.itemsize * int(np.prod(shape))
     if size > JOINED_CHUNK_BYTES:
         return None  # big chunks: each decoded straight into place, no copy in between
-    present = table[:, 0] != _ABSENT
+    present = table[:, 0] != ABSENT
     try:
         decoded = codec.decode_stacked(data, table[present], shape)
     except ValueError:
@@ -214,7 +212,7 @@ def _block_of(
     fill: bytes | None = None
     parts: list[Any] = []
     for offset, nbytes in table.tolist():
-        if offset == _ABSENT:
+        if offset == ABSENT:
             if fill is None:
                 fill = np.full(shape, spec.fill_value, dtype=codec.dtype).tobytes()
             parts.append(fill)
@@ -232,10 +230,8 @@ def _block_of(
 
 
 def _entries(table: Any, places: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
-    """``(offset, nbytes)`` of each place in a shard's table (offset 2**64 - 1: absent)."""
-    if isinstance(table, np.ndarray):
-        return table[places].tolist()  # type: ignore[no-any-return]
-    return [table_entry(table, p) or (_ABSENT, 0) for p in places.tolist()]
+    """``(offset, nbytes)`` of each place in a shard's table (offset ABSENT: absent)."""
+    return table_rows(table, places).tolist()  # type: ignore[no-any-return]
 
 
 def new_chunk(
@@ -319,10 +315,10 @@ def encode_shards(
             encoded[k] = _block_chunks(codec, wholes[k], block, spec, next(dense, None))
             continue
         data = None if snapshot is None else memoryview(snapshot.data)
-        olds = _entries(snapshot.index, places) if snapshot is not None else [(_ABSENT, 0)] * len(places)
+        olds = _entries(snapshot.index, places) if snapshot is not None else [(ABSENT, 0)] * len(places)
         values: dict[int, Any] = {}
         for n, place, (offset, nbytes) in zip(members.tolist(), places.tolist(), olds, strict=True):
-            old = None if data is None or offset == _ABSENT else data[offset : offset + nbytes]
+            old = None if data is None or offset == ABSENT else data[offset : offset + nbytes]
             try:
                 values[place] = new_chunk(codec, chunks[n], old, source, drop_axes)
             except Exception:

@@ -23,7 +23,16 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardingConfigError
 
-__all__ = ["EMPTIED", "Change", "ChunkTable", "ShardFormat", "TableFigures", "table_entry"]
+__all__ = [
+    "ABSENT",
+    "EMPTIED",
+    "Change",
+    "ChunkTable",
+    "ShardFormat",
+    "TableFigures",
+    "table_entry",
+    "table_rows",
+]
 
 ChunkTable: TypeAlias = npt.NDArray[np.uint64] | dict[int, tuple[int, int]]
 """Where a shard's chunks lie: an ``(n, 2)`` index of ``(offset, nbytes)`` rows by
@@ -43,7 +52,24 @@ def table_entry(table: ChunkTable, chunk: int) -> tuple[int, int] | None:
     if isinstance(table, dict):
         return table.get(chunk)
     offset, nbytes = table[chunk].tolist()  # Python ints, the cheapest way out of numpy
-    return None if offset == 2**64 - 1 else (offset, nbytes)
+    return None if offset == ABSENT else (offset, nbytes)
+
+
+ABSENT = 2**64 - 1
+"""The offset a table row has where its chunk is absent (see :func:`table_rows`)."""
+
+
+def table_rows(table: ChunkTable, places: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint64]:
+    """``(offset, nbytes)`` of the chunks at ``places`` in a table, as one ``(n, 2)``
+    array; offset :data:`ABSENT` where a chunk is absent."""
+    if isinstance(table, np.ndarray):
+        picked: npt.NDArray[np.uint64] = table[places]
+        return picked
+    rows = np.full((len(places), 2), ABSENT, dtype=np.uint64)
+    for row, place in enumerate(places.tolist()):
+        if (entry := table.get(place)) is not None:
+            rows[row] = entry
+    return rows
 
 
 class TableFigures(NamedTuple):

@@ -21,10 +21,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+import numpy as np
+import numpy.typing as npt
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from shardstore.errors import ShardFormatError
-from shardstore.formats.base import ChunkTable, table_entry
+from shardstore.formats.base import ABSENT, ChunkTable, table_entry, table_rows
 from shardstore.inner import STALE, ChunkBytes, InnerStore
 from shardstore.inner.base import failure
 from shardstore.reading.cache import IndexCache, IndexEntry
@@ -144,6 +146,26 @@ class IndexReader:
         if doubtful:
             found.update(await self.part_tables(doubtful, fresh=True))
         return [entry(chunk, part) for chunk, part in zip(chunks, parts, strict=True)]
+
+    async def tables(
+        self, wanted: Sequence[tuple[ShardRef, npt.NDArray[np.intp]]], *, fresh: bool = False
+    ) -> list[tuple[ChunkTable | None, Hashable | None]]:
+        """The index of each shard of a format with one index, with the version it was
+        read at, for a read of the chunks at places ``wanted[i][1]``: found as
+        :meth:`locate` finds chunks, a shard at a time instead of a chunk at a time."""
+        where = [((shard.key, 0), shard) for shard, _ in wanted]
+        since = time.monotonic()
+        found = await self.part_tables(where, fresh=fresh)
+        doubtful = [
+            (key, shard)
+            for (key, shard), (_, places) in zip(where, wanted, strict=True)
+            if (table := found[key][0]) is not None
+            and (table_rows(table, places)[:, 0] == ABSENT).any()
+            and self._absence_unchecked(key, since)
+        ]
+        if doubtful:
+            found.update(await self.part_tables(doubtful, fresh=True))
+        return [found[key] for key, _ in where]
 
     def _absence_unchecked(self, where: tuple[str, int], since: float) -> bool:
         """Whether the part came from the cache (read before ``since``) and may no longer

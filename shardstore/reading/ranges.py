@@ -3,9 +3,13 @@ ranges of one object into one request. Pure; shared by every reader."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest
 
-__all__ = ["MERGE_GAP", "merge_ranges", "sub_range"]
+__all__ = ["MERGE_GAP", "merge_ranges", "merge_spans", "sub_range"]
 
 
 def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
@@ -40,3 +44,20 @@ def merge_ranges(
         else:
             spans.append((start, stop, [member]))
     return spans
+
+
+def merge_spans(
+    starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], gap: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """:func:`merge_ranges` over arrays of [start, stop) ranges (at least one): the spans'
+    starts and stops, in order, and the span of each range."""
+    order = np.argsort(starts, kind="stable")
+    first, last = starts[order], stops[order]
+    reach = np.maximum.accumulate(last)
+    opens = np.empty(len(first), dtype=bool)
+    opens[0] = True
+    opens[1:] = first[1:] - reach[:-1] > gap
+    heads = np.flatnonzero(opens)
+    span_of: npt.NDArray[Any] = np.empty(len(first), dtype=np.intp)
+    span_of[order] = np.cumsum(opens) - 1
+    return first[heads], np.maximum.reduceat(last, heads), span_of

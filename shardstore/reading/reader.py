@@ -36,6 +36,7 @@ from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.reading.indices import IndexReader, Location, PartTables, read_merged
 from shardstore.reading.ranges import sub_range
 from shardstore.reading.refs import ChunkRef, ShardRef
+from shardstore.reading.spans import span_snapshots
 from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
 
@@ -202,21 +203,33 @@ class ShardReader:
             for i, snapshot in enumerate(await self._snapshots(ways)):
                 got[i] = got[i] or snapshot
 
+        spanned = [s for s in ways.ranged if wanted[s][0].shard_format.one_index]
+        chunkwise = [s for s in ways.ranged if not wanted[s][0].shard_format.one_index]
+
+        async def spans() -> None:
+            found = await span_snapshots(
+                self._inner, self._indices, self._index_cache, [wanted[s] for s in spanned]
+            )
+            for s, snapshot in zip(spanned, found, strict=True):
+                got[s] = snapshot
+
         async def ranges() -> None:
             refs = [
-                _Chunk(key, wanted[s][0], p)
-                for s in ways.ranged
-                for p, key in zip(*wanted[s][1:], strict=True)
+                _Chunk(key, wanted[s][0], p) for s in chunkwise for p, key in zip(*wanted[s][1:], strict=True)
             ]
             values: list[ChunkBytes | None] = [None] * len(refs)
             await self._read_ranges(list(range(len(refs))), [(r, None) for r in refs], values)
             sent, start = time.monotonic(), 0
-            for s in ways.ranged:
+            for s in chunkwise:
                 n = len(wanted[s][1])
                 got[s] = _gathered(wanted[s][0], wanted[s][1], values[start : start + n], sent)
                 start += n
 
-        rounds = [whole() if ways.whole or ways.recheck else None, ranges() if ways.ranged else None]
+        rounds = [
+            whole() if ways.whole or ways.recheck else None,
+            spans() if spanned else None,
+            ranges() if chunkwise else None,
+        ]
         await gather(*(r for r in rounds if r is not None))
         assert all(snapshot is not None for snapshot in got)
         return got  # type: ignore[return-value]
