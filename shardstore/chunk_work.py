@@ -307,12 +307,15 @@ def encode_shards(
                 whole = block_view(source, origin.tolist(), block, shape)
                 if whole is not None:
                     wholes[k] = whole
-    dense = _dense_shards(codec, spec, shard_format, len(wholes))
+    # built in place: only shards none of whose chunks may be the fill value (an
+    # emptied chunk would leave its shard in the allocation, held until all are committed)
+    full = [k for k, whole in wholes.items() if not _may_hold_fill(whole, spec)]
+    dense = dict(zip(full, _dense_shards(codec, spec, shard_format, len(full)), strict=False))
     for k in part:
         members, places, snapshot, _ = shards[k]
         if k in wholes:
             assert block is not None
-            encoded[k] = _block_chunks(codec, wholes[k], block, spec, next(dense, None))
+            encoded[k] = _block_chunks(codec, wholes[k], block, spec, dense.get(k))
             continue
         data = None if snapshot is None else memoryview(snapshot.data)
         olds = _entries(snapshot.index, places) if snapshot is not None else [(ABSENT, 0)] * len(places)
@@ -372,6 +375,17 @@ def _block_chunks(
     values: dict[int, Any] = dict.fromkeys(empty)
     values.update(zip(kept, codec.encode_stacked(stacked, kept), strict=True))
     return values
+
+
+def _may_hold_fill(whole: npt.NDArray[Any], spec: ArraySpec) -> bool:
+    """Whether a chunk of a shard's block (viewed as ``(b0, c0, b1, c1, ...)``) may be
+    one zarr stores none of: one whose first element is the fill value (see
+    :func:`_fill_chunks`), found without copying the block."""
+    if spec.config.write_empty_chunks or whole.size == 0:
+        return False
+    fill = spec.fill_value
+    firsts = whole[tuple(slice(None) if axis % 2 == 0 else 0 for axis in range(whole.ndim))]
+    return bool(np.isnan(firsts).any() if fill != fill else (firsts == fill).any())
 
 
 def _fill_chunks(stacked: npt.NDArray[Any], spec: ArraySpec) -> set[int]:

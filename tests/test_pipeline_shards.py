@@ -309,3 +309,30 @@ def test_a_shard_built_whole_inside_a_batch_merges_with_later_writes_to_it(tmp_p
         assert inner.counts.writes == 4 + 2  # each shard once as it was complete, two again at the end
     reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
     np.testing.assert_array_equal(reopened[:], expected)
+
+
+def test_only_shards_with_no_chunk_of_fill_values_are_built_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shards built in place share one allocation until all are committed: a shard
+    that may leave out a chunk of fill values is copied on its own instead, so that
+    a write of mostly empty shards holds no memory for them."""
+    asked: list[int] = []
+    real = IndexedFormat.dense_shards
+    monkeypatch.setattr(
+        IndexedFormat,
+        "dense_shards",
+        lambda self, size, count: (asked.append(count), real(self, size, count))[1],
+    )
+    value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
+    value[6:12, :] = 0  # shards (1, *): all fill values
+    value[12, 0] = 0  # shard (2, 0): its first chunk starts with one
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(LocalInner(str(tmp_path / "s")), CPS), name="a", shape=(18, 18), chunks=CHUNKS,
+            dtype="i4", compressors=None, fill_value=0,
+        )  # fmt: skip
+        arr[:] = value
+        np.testing.assert_array_equal(arr[:], value)
+    assert sum(asked) == 5  # shards (0, *) and (2, 1), (2, 2)
+    assert not (tmp_path / "s" / "a" / "c" / "1").exists()
