@@ -47,16 +47,16 @@ EMPTIED = b"<emptied>"
 identity)."""
 
 
+ABSENT = 2**64 - 1
+"""The offset a table row has where its chunk is absent."""
+
+
 def table_entry(table: ChunkTable, chunk: int) -> tuple[int, int] | None:
     """``(offset, nbytes)`` of a chunk in a table, None where absent."""
     if isinstance(table, dict):
         return table.get(chunk)
     offset, nbytes = table[chunk].tolist()  # Python ints, the cheapest way out of numpy
     return None if offset == ABSENT else (offset, nbytes)
-
-
-ABSENT = 2**64 - 1
-"""The offset a table row has where its chunk is absent (see :func:`table_rows`)."""
 
 
 def table_rows(table: ChunkTable, places: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint64]:
