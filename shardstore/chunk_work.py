@@ -12,7 +12,7 @@ every other chunk is decoded or encoded alone. Each function works on a ``part``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -331,14 +331,14 @@ def encode_shards(
 
 def _dense_shards(
     codec: ChunkCodec, spec: ArraySpec, shard_format: ShardFormat | None, count: int
-) -> Iterator[tuple[memoryview, memoryview]]:
+) -> list[tuple[memoryview, memoryview]]:
     """New shard objects for ``count`` whole blocks stored raw (see
-    :meth:`ShardFormat.dense_shards`), one after another; none where the chunks are
-    not stored raw or the format has no such layout."""
+    :meth:`ShardFormat.dense_shards`); none where the chunks are not stored raw or the
+    format has no such layout."""
     chunk_nbytes = codec.dtype.itemsize * math.prod(spec.shape)
     if not (codec.raw and count and chunk_nbytes and shard_format is not None):
-        return iter(())
-    return iter(shard_format.dense_shards(chunk_nbytes, count) or ())
+        return []
+    return shard_format.dense_shards(chunk_nbytes, count) or []
 
 
 def _block_chunks(
