@@ -9,6 +9,7 @@ glob; the lines below are what the known ones must print.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,16 @@ LEAVES_FILES = {"zep2_operations.py"}
 """Examples that keep what they wrote (under a path they print); the others remove it."""
 
 
+_SHUTDOWN_NOISE = re.compile(
+    r"^\S+ \S+ - distributed\.worker - ERROR - Failed to communicate with scheduler during heartbeat\.\n"
+    r"(?:(?!\d{4}-\d\d-\d\d ).*\n)*",
+    re.MULTILINE,
+)
+"""A dask worker's heartbeat that meets the scheduler closing at exit logs this error
+with its traceback, now and then, on a busy machine (dask/distributed#7105): not
+the example's failure."""
+
+
 def test_the_examples_are_found() -> None:
     assert {p.name for p in SCRIPTS} >= set(EXPECTED)
 
@@ -93,7 +104,7 @@ def test_example_runs(script: Path, tmp_path: Path) -> None:
     assert out.strip(), f"{script.name} printed nothing"
     missing = [line for line in EXPECTED.get(script.name, []) if line not in out]
     assert not missing, f"{script.name} did not print {missing}:\n{out}"
-    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in _SHUTDOWN_NOISE.sub("", result.stderr), result.stderr
     assert not any(workdir.iterdir()), f"{script.name} wrote into its working directory"
     if script.name not in LEAVES_FILES:
         left = sorted(str(p.relative_to(tmpdir)) for p in tmpdir.rglob("*"))
