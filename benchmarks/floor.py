@@ -54,12 +54,14 @@ zarr's own batched pipeline: what `SHARDSTORE_DEFAULT_PIPELINE=0` gives);
 "python floor" (local only: plain Python on the shardstore copy's files, no
 zarr — each shard file read with one read() and its chunks decoded with numcodecs
 in a loop on one thread; writes encode in a loop and write each shard file with
-one write(): what a Python program that knows the layout costs at least).
+one write(): what a Python program that knows the layout costs at least);
+"ss obstore" (S3 only: ShardingStore over ObstoreInner, obstore's Rust client,
+with the same options as the s3fs the URL gets: what the client library costs).
 
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
---quick), its ratios to the codec's and to zarrs', requests, MiB read and MiB written per
-operation (from the last repeat), "peak MiB" (the most the process's resident
+--quick), its ratios to the codec's, zarrs' and tensorstore's, requests, MiB
+read and MiB written per operation (from the last repeat), "peak MiB" (the most the process's resident
 memory grew during the operation, sampled every 2 ms; the last repeat; it
 includes the array a read returns), and on S3 with latency the time in round
 trips (seconds / latency). Local counts come from
@@ -117,6 +119,10 @@ try:
     import zarrs
 except ImportError:  # a test extra only
     zarrs = None
+try:
+    from shardstore.inner import ObstoreInner
+except ImportError:  # the obstore extra
+    ObstoreInner = None  # type: ignore[assignment, misc]
 ZARRS_PATH = "zarrs.ZarrsCodecPipeline"
 FUSED_PATH = "zarr.core.codec_pipeline.FusedCodecPipeline"  # zarr 3.4+
 
@@ -229,6 +235,8 @@ def variants() -> list[Variant]:
         Variant("ss zarr pipe", "shardstore", pipeline=ZARR_DEFAULT_PATH),  # opted out
         Variant("python floor", "shardstore", tool="floor"),
     ]
+    if ObstoreInner is not None:  # S3 only: the same store over a Rust client instead of s3fs
+        out.append(Variant("ss obstore", "shardstore", tool="obstore"))
     return out
 
 
@@ -376,7 +384,13 @@ class LocalBackend:
         return self.counted[path]
 
     def store(
-        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
+        self,
+        layout: str,
+        path: str,
+        cps: tuple[int, ...],
+        options: dict[str, Any],
+        counted: bool = True,
+        obstore: bool = False,
     ) -> Any:
         if not counted:  # zarrs runs its Rust I/O only on zarr's own LocalStore
             return LocalStore(os.path.join(self.root, path))
@@ -410,9 +424,17 @@ class S3Backend:
         self.title = f"S3 API (moto, +{latency_s * 1000:g} ms/request)"
 
     def store(
-        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
+        self,
+        layout: str,
+        path: str,
+        cps: tuple[int, ...],
+        options: dict[str, Any],
+        counted: bool = True,
+        obstore: bool = False,
     ) -> Any:
         url, so = self.s3.url(path), self.s3.storage_options
+        if obstore:
+            return ShardingStore(ObstoreInner.from_url(url, so), cps, **options)
         if layout == "shardstore":
             return ShardingStore(url, cps, storage_options=so, **options)
         return FsspecStore.from_url(url, storage_options=so)
@@ -466,13 +488,13 @@ def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = Fals
         if warm:
             spec["context"] = {"cache_pool": {"total_bytes_limit": 2**28}}
         return TsArray(tensorstore.open(spec).result()), None
-    store = b.store(v.layout, path, ds.cps, v.options, counted=v.tool != "zarrs")
+    store = b.store(v.layout, path, ds.cps, v.options, v.tool != "zarrs", v.tool == "obstore")
     return zarr.open_array(store, path="a"), store
 
 
 def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, Any]:
     """A new empty array at ``path`` in ``v``'s layout (tensorstore's made by zarr)."""
-    store = b.store(v.layout, path, ds.cps, v.options, counted=v.tool != "zarrs")
+    store = b.store(v.layout, path, ds.cps, v.options, v.tool != "zarrs", v.tool == "obstore")
     arr = zarr.create_array(
         store,
         name="a",
@@ -604,6 +626,8 @@ def applies(b: Backend, v: Variant, workload: str) -> bool:
         return workload in ITERATE_WORKLOADS
     if v.tool == "floor":
         return isinstance(b, LocalBackend) and workload in FLOOR_WORKLOADS
+    if v.tool == "obstore" and not isinstance(b, S3Backend):
+        return False
     if workload == "whole write batch":
         return v.layout == "shardstore" and v.writes
     return v.writes or workload in READS
@@ -668,15 +692,17 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
         ]
     print("   " + "; ".join(notes))
     head = (
-        f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'vs zarrs':>8} {'requests/op':>11}"
+        f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'vs zarrs':>8} {'vs ts':>8}"
+        f" {'requests/op':>11}"
     )
     head += f" {'MiB read/op':>11} {'MiB written/op':>14} {'peak MiB':>8}"
     head += f" {'round trips':>11}" if latency else ""
     print(head)
-    codec = {c.workload: c.seconds for c in cells if c.variant == "codec"}
-    codec["whole write batch"] = codec.get("whole write")
-    fastest = {c.workload: c.seconds for c in cells if c.variant == "zarrs"}
-    fastest["whole write batch"] = fastest.get("whole write")
+    bases = []
+    for variant in ("codec", "zarrs", "tensorstore"):  # the ratio columns
+        base = {c.workload: c.seconds for c in cells if c.variant == variant}
+        base["whole write batch"] = base.get("whole write")
+        bases.append(base)
     previous = None
     for c in cells:
         if previous and c.workload != previous:
@@ -688,7 +714,7 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
             continue
         ratio = " ".join(
             f"{c.seconds / base:8.2f}" if base else f"{'-':>8}"
-            for base in (codec.get(c.workload), fastest.get(c.workload))
+            for base in (times.get(c.workload) for times in bases)
         )
         if c.counts is None:
             counts = f"{'-':>11} {'-':>11} {'-':>14}"
