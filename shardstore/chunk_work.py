@@ -2,9 +2,10 @@
 decoded into the array zarr reads into, and encoded from the value zarr writes,
 chunk by chunk or a whole shard at once.
 
-A shard whose chunks in the selection are its whole block of the output (or of the
-value) is one numpy operation when its chunks are stored raw (:mod:`shardstore.blocks`);
-every other chunk is decoded or encoded alone. Each function works on a ``part``
+A shard whose chunks in the selection are a box of its block in the output (its
+whole block, or a part such as a slab's row of chunks; for writes, the whole block
+of the value) is placed with one numpy operation (:mod:`shardstore.blocks`); every
+other chunk is decoded or encoded alone. Each function works on a ``part``
 (a range of its items), so that a thread per core takes a share
 (:func:`shardstore.tasks.in_threads`); the codecs release the GIL.
 """
@@ -21,7 +22,7 @@ import zarr.abc.codec
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import NDBuffer
 
-from shardstore.blocks import block_view, chunks_of_block, stacked_chunks
+from shardstore.blocks import Box, block_view, chunks_of_block, is_block, stacked_chunks
 from shardstore.chunk_codecs import ChunkCodec
 from shardstore.formats.base import ABSENT, ShardFormat, table_rows
 from shardstore.reading.cache import ShardSnapshot
@@ -51,10 +52,10 @@ ChunkInfo: TypeAlias = tuple[Any, ArraySpec, Any, Any, bool]
 """zarr's description of one chunk of a selection: its byte getter/setter, spec,
 selection in the chunk and in the value, and whether the chunk is wholly covered."""
 
-ShardPart: TypeAlias = tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], "ShardSnapshot | None", Any]
+ShardPart: TypeAlias = tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], "ShardSnapshot | None", Box | None]
 """One shard of a selection: its chunks (places in the selection), their places in the
-shard, the shard as read (None: not read), and where its block starts in the array
-(None or -1: not a whole block)."""
+shard, the shard as read (None: not read), and those chunks as a box of its block in
+the array (None: not one)."""
 
 
 def decode_into(
@@ -125,14 +126,16 @@ def scatter_shards(
     target: Any = out.as_ndarray_like()
     spec = chunks[0][1]
     for k in part:
-        members, places, snapshot, origin = shards[k]
+        members, places, snapshot, box = shards[k]
         assert snapshot is not None
         table = snapshot.index
-        if block is not None and isinstance(table, np.ndarray) and origin is not None and origin[0] >= 0:
-            whole = block_view(target, origin.tolist(), block, tuple(spec.shape))
-            stacked = None if whole is None else _block_of(codec, snapshot.data, table, spec)
-            if whole is not None and stacked is not None:
-                whole[...] = chunks_of_block(stacked, block)
+        if box is not None and isinstance(table, np.ndarray):
+            region = block_view(target, box.corner, box.extent, tuple(spec.shape))
+            # the box's chunks in its C order: the order of their places in the block
+            rows = table if is_block(box, block) else table[np.sort(places)]
+            stacked = None if region is None else _block_of(codec, snapshot.data, rows, spec)
+            if region is not None and stacked is not None:
+                region[...] = chunks_of_block(stacked, box.extent)
                 present = (table[places, 0] != ABSENT).tolist()
                 for n, here in zip(members.tolist(), present, strict=True):
                     reports[n] = PRESENT if here else MISSING
@@ -186,15 +189,15 @@ def _scattered_together(
 def _block_of(
     codec: ChunkCodec, data: bytes, table: npt.NDArray[np.uint64], spec: ArraySpec
 ) -> npt.NDArray[Any] | None:
-    """Every chunk of a shard, in the order of their places, as one ``(n, *chunk)``
-    array (the fill value where absent): a view of the shard's bytes where they are
-    stored raw side by side, else decoded one by one and joined. None where the caller
-    decodes them one by one: big chunks (each straight into place), or where one does
-    not decode (to name it)."""
+    """The chunks at the rows ``table`` of a shard's index, in that order, as one
+    ``(n, *chunk)`` array (the fill value where absent): a view of the shard's bytes
+    where they are stored raw side by side, else decoded one after another and
+    joined. None where the caller decodes them one by one: big chunks (each straight
+    into place), or where one does not decode (to name it)."""
     shape = tuple(spec.shape)
     if codec.raw and (stacked := stacked_chunks(data, table, codec.dtype, shape)) is not None:
         return stacked
-    size = codec.dtype.itemsize * int(np.prod(shape))
+    size = codec.dtype.itemsize * math.prod(shape)
     if size > JOINED_CHUNK_BYTES:
         return None  # big chunks: each decoded straight into place, no copy in between
     present = table[:, 0] != ABSENT
@@ -302,9 +305,9 @@ def encode_shards(
     wholes: dict[int, npt.NDArray[Any]] = {}
     if block is not None and source.shape != () and small:  # (big chunks: each from the value)
         for k in part:
-            origin = shards[k][3]
-            if origin is not None and origin[0] >= 0:
-                whole = block_view(source, origin.tolist(), block, shape)
+            box = shards[k][3]
+            if is_block(box, block):
+                whole = block_view(source, box.corner, block, shape)
                 if whole is not None:
                     wholes[k] = whole
     # built in place: only shards none of whose chunks may be the fill value (an

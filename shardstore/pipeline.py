@@ -57,7 +57,7 @@ from zarr.registry import register_pipeline
 from zarr.storage import StorePath
 
 from shardstore.addressing import ShardAddress
-from shardstore.blocks import shard_origins
+from shardstore.blocks import Box, shard_boxes
 from shardstore.chunk_codecs import ChunkCodec, chunk_codec
 from shardstore.chunk_work import (
     REPORTS,
@@ -228,7 +228,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         stored raw that fills a block of ``out`` is copied there in one operation)."""
         internals = store.internals
         members = _members(routed)
-        origins = _origins(chunks, routed, drop_axes)
+        boxes = _boxes(chunks, routed, drop_axes)
         results: list[Any] = [None] * len(chunks)
         groups = _groups(routed, internals.fetch_concurrency)
 
@@ -236,7 +236,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             return internals.read_shards(_wanted(chunks, routed, [(s, members[s]) for s in group]))
 
         async def decode(group: range, snapshots: list[ShardSnapshot]) -> None:
-            parts = _parts(routed, members, origins, group, snapshots)
+            parts = _parts(routed, members, boxes, group, snapshots)
             failed: list[tuple[int, bytes | None]] = []
             scatter = functools.partial(
                 scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
@@ -316,7 +316,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         encodes while this one commits."""
         internals = store.internals
         members = _members(routed)
-        origins = _origins(chunks, routed, drop_axes)
+        boxes = _boxes(chunks, routed, drop_axes)
         groups = _groups(routed, internals.fetch_concurrency, held=WRITE_GROUPS)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
@@ -325,7 +325,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             partial = [(s, wanted) for s, wanted in cut if len(wanted)]
             read = await internals.read_shards(_wanted(chunks, routed, partial)) if partial else []
             snapshots = dict(zip([s for s, _ in partial], read, strict=True))
-            parts = _parts(routed, members, origins, group, [snapshots.get(s) for s in group])
+            parts = _parts(routed, members, boxes, group, [snapshots.get(s) for s in group])
             new: list[dict[int, Any] | BuiltShard] = [{} for _ in parts]
             failed: list[tuple[int, bytes | None]] = []
             encode = functools.partial(
@@ -473,23 +473,22 @@ def _wanted(
 def _parts(
     routed: RoutedChunks,
     members: list[Any],
-    origins: np.ndarray[Any, np.dtype[np.int64]] | None,
+    boxes: list[Box | None] | None,
     group: range,
     snapshots: Sequence[ShardSnapshot | None],
 ) -> list[ShardPart]:
     return [
-        (members[s], routed.places[members[s]], snapshot, None if origins is None else origins[s])
+        (members[s], routed.places[members[s]], snapshot, None if boxes is None else boxes[s])
         for s, snapshot in zip(group, snapshots, strict=True)
     ]
 
 
-def _origins(
+def _boxes(
     chunks: Sequence[ChunkInfo], routed: RoutedChunks, drop_axes: tuple[int, ...]
-) -> np.ndarray[Any, np.dtype[np.int64]] | None:
-    """Where each shard's block starts in the array read into or written from (-1: its
-    chunks are not its whole block there); None where the selection is no box of
-    whole chunks (index arrays, dropped axes, chunks cut by the selection, a grid of
-    several chunk shapes)."""
+) -> list[Box | None] | None:
+    """Each shard's chunks as a box of its block in the array read into or written from
+    (None: not one); None where the selection is no box of whole chunks (index arrays,
+    dropped axes, chunks cut by the selection, a grid of several chunk shapes)."""
     if drop_axes or routed.block is None or not all(info[4] for info in chunks):
         return None
     ndim = len(routed.block)
@@ -500,7 +499,7 @@ def _origins(
     except (AttributeError, TypeError, ValueError):  # an index array, not a slice
         return None
     shape = tuple(chunks[0][1].shape)
-    return shard_origins(starts, routed.places, routed.shard_of, len(routed.shards), routed.block, shape)
+    return shard_boxes(starts, routed.places, routed.shard_of, len(routed.shards), routed.block, shape)
 
 
 def _held_items(chunks: Sequence[ChunkInfo], stored: list[tuple[int, bytes | None]]) -> list[tuple[Any, ...]]:
