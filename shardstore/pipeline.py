@@ -317,7 +317,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         internals = store.internals
         members = _members(routed)
         boxes = _boxes(chunks, routed, drop_axes)
-        groups = _groups(routed, internals.fetch_concurrency, held=WRITE_GROUPS)
+        held = REMOTE_WRITE_GROUPS if internals.raw.capabilities.remote else 2
+        groups = _groups(routed, internals.fetch_concurrency, held=held)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard]]:
@@ -349,9 +350,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        await _ahead(
-            groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=WRITE_GROUPS - 1
-        )
+        await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
 
 
 G = TypeVar("G")
@@ -444,9 +443,11 @@ def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
 GROUP_BYTES = 8 << 20
 """Small shards go in groups this big (before compression): a group costs a round of
 requests and a thread hop or two whatever its size."""
-WRITE_GROUPS = 4
-"""Groups a write holds at once: one encoded while the others commit (a read holds
-two: one fetched while the other decodes)."""
+REMOTE_WRITE_GROUPS = 4
+"""Groups a write to a remote store holds at once: one encoded while the others commit,
+whose requests wait on round trips. Elsewhere a write holds two, as a read does (one
+fetched while the other decodes): a local commit is copies into the page cache, CPU
+work that more commits at once only contend for."""
 
 
 def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list[range]:

@@ -8,6 +8,7 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import re
@@ -101,6 +102,38 @@ def test_a_whole_read_reads_half_fetch_concurrency_shards_a_batch(tmp_path: Path
     shards = 4
     assert inner.counts.read_batches == -(-shards // max(1, concurrency // 2))
     assert inner.counts.reads == shards  # each shard once (whole: the read wants all of it)
+
+
+class _CommitSizes(LocalInner):
+    """A local directory that records how many shards each commit call gives it, and
+    may say it is remote (each request a round trip)."""
+
+    def __init__(self, root: str, *, remote: bool) -> None:
+        super().__init__(root)
+        self.capabilities = dataclasses.replace(LocalInner.capabilities, remote=remote)
+        self.sizes: list[int] = []
+
+    async def update_many(self, changes: Any, **kwargs: Any) -> list[Exception | None]:
+        self.sizes.append(len(changes))
+        return await super().update_many(changes, **kwargs)
+
+
+@pytest.mark.usefixtures("groups_by_count", "pipeline")
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_whole_write_commits_half_fetch_concurrency_shards_a_group_or_a_quarter_remotely(
+    tmp_path: Path, remote: bool
+) -> None:
+    """Locally the next group is encoded while one commits (more commits at once only
+    contend for the cores); on a remote store while up to three commit, each waiting
+    on round trips. Either way ``fetch_concurrency`` shards at most are held."""
+    inner = _CommitSizes(str(tmp_path / "s"), remote=remote)
+    store = ShardingStore(inner, (2, 2), fetch_concurrency=8)
+    data = sample((64, 64), "f4")
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    inner.sizes.clear()
+    arr[:] = data  # 16 shards
+    assert inner.sizes == ([2] * 8 if remote else [4] * 4)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
 
 
 @pytest.mark.usefixtures("pipeline")
