@@ -61,10 +61,10 @@ with the same options as the s3fs the URL gets: what the client library costs).
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
 --quick), its ratios to the codec's, zarrs' and tensorstore's, requests, MiB
-read and MiB written per operation (from the last repeat), "peak MiB" (the most the process's resident
-memory grew during the operation, sampled every 2 ms; the last repeat; it
-includes the array a read returns), and on S3 with latency the time in round
-trips (seconds / latency). Local counts come from
+read and MiB written per operation (from the last repeat), "peak MiB" (the most
+the process's resident memory grew during the operation, sampled every 2 ms in
+one more, untimed repeat; it includes the array a read returns), and on S3 with
+latency the time in round trips (seconds / latency). Local counts come from
 wrappers: CountingStore around zarr's LocalStore, CountingInner around
 ShardingStore's inner store (shardstore.instrument), and tensorstore's own
 /tensorstore/kvstore/file/ metrics ("-" if unavailable). On S3 the proxy counts
@@ -634,7 +634,9 @@ def applies(b: Backend, v: Variant, workload: str) -> bool:
 
 
 def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
-    """Best time per operation of ``repeats``; counts per operation from the last."""
+    """Best time per operation of ``repeats``; counts per operation from the last; the
+    peak memory from one more, untimed: its sampling thread takes the GIL every 2 ms
+    and the heap is trimmed first, which slowed shardstore's zstd writes by 10-15 %."""
     cell = Cell(workload, v.name)
     if not applies(job.b, v, workload):
         return cell
@@ -645,17 +647,19 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
                 timed = setup(job, v, workload)
                 meter = job.b.meter(v, timed.path)
                 before = meter() if meter else None
-                with PeakMemory() as memory:
-                    t0 = time.perf_counter()
-                    timed.action()
-                    best = min(best, (time.perf_counter() - t0) / timed.ops)
-                cell.peak = memory.grew
+                t0 = time.perf_counter()
+                timed.action()
+                best = min(best, (time.perf_counter() - t0) / timed.ops)
                 if meter is not None and before is not None:
                     (r1, b1, w1), (r0, b0, w0) = meter(), before
                     cell.counts = ((r1 - r0) / timed.ops, (b1 - b0) / timed.ops, (w1 - w0) / timed.ops)
                 if timed.check:
                     timed.check()
             cell.seconds = best
+            timed = setup(job, v, workload)
+            with PeakMemory() as memory:
+                timed.action()
+            cell.peak = memory.grew
     except Exception as e:  # a failing cell is reported, the run goes on
         cell.seconds, cell.counts = None, None
         cell.note = f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:70]}"
