@@ -18,7 +18,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
@@ -244,6 +244,39 @@ def test_a_write_reads_only_the_chunks_it_covers_in_part(tmp_path: Path) -> None
     expected = np.arange(64, dtype="i4")
     expected[0:15] = 8
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], expected)
+
+
+@pytest.mark.parametrize("layout", [*sorted(LAYOUTS), "crc32c"])
+def test_intact_chunks_never_go_to_zarrs_codecs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """Every codec chain the pipeline runs itself decodes intact chunks itself (whole
+    reads, boxes, cut chunks, chunks a write covers in part): zarr's codecs see only
+    chunks that do not decode. (A chunk the pipeline fails on is handed to them, and
+    the data still comes out right: only this shows that the fast path ran.)"""
+    kwargs = LAYOUTS[layout] if layout in LAYOUTS else {"compressors": [Crc32cCodec()]}
+    arr = zarr.create_array(
+        ShardingStore(str(tmp_path / "s"), CPS), name="a", shape=SHAPE, chunks=CHUNKS,
+        dtype="f8" if "f8" in layout else "i2", fill_value=-1, **kwargs,
+    )  # fmt: skip
+    data = (sample(SHAPE, "f8", seed=5) * 100).astype(arr.dtype)
+    arr[:] = data
+    handed: list[int] = []
+    for name in ("read_batch", "write_batch"):
+        one = getattr(ShardAwarePipeline, name)
+
+        async def counted(self: Any, items: Any, *args: Any, one: Any = one) -> Any:
+            items = list(items)
+            handed.append(len(items))
+            return await one(self, items, *args)
+
+        monkeypatch.setattr(ShardAwarePipeline, name, counted)
+    arr = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+    arr[1:20, 3:21] = 9  # chunks covered in part: their old bytes decoded
+    data[1:20, 3:21] = 9
+    for sel in [(slice(None), slice(None)), (slice(3, 12), slice(2, 10)), (slice(1, 17), slice(5, 9))]:
+        np.testing.assert_array_equal(arr[sel], data[sel], err_msg=str(sel))
+    assert handed == []
 
 
 @pytest.mark.parametrize("layout", ["raw", "zstd"])
