@@ -384,13 +384,7 @@ class LocalBackend:
         return self.counted[path]
 
     def store(
-        self,
-        layout: str,
-        path: str,
-        cps: tuple[int, ...],
-        options: dict[str, Any],
-        counted: bool = True,
-        obstore: bool = False,
+        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
     ) -> Any:
         if not counted:  # zarrs runs its Rust I/O only on zarr's own LocalStore
             return LocalStore(os.path.join(self.root, path))
@@ -424,20 +418,18 @@ class S3Backend:
         self.title = f"S3 API (moto, +{latency_s * 1000:g} ms/request)"
 
     def store(
-        self,
-        layout: str,
-        path: str,
-        cps: tuple[int, ...],
-        options: dict[str, Any],
-        counted: bool = True,
-        obstore: bool = False,
+        self, layout: str, path: str, cps: tuple[int, ...], options: dict[str, Any], counted: bool = True
     ) -> Any:
         url, so = self.s3.url(path), self.s3.storage_options
-        if obstore:
-            return ShardingStore(ObstoreInner.from_url(url, so), cps, **options)
         if layout == "shardstore":
             return ShardingStore(url, cps, storage_options=so, **options)
         return FsspecStore.from_url(url, storage_options=so)
+
+    def obstore_store(self, path: str, cps: tuple[int, ...], options: dict[str, Any]) -> ShardingStore:
+        """A ShardingStore over obstore's client, with the options s3fs gets."""
+        return ShardingStore(
+            ObstoreInner.from_url(self.s3.url(path), self.s3.storage_options), cps, **options
+        )
 
     def kvstore(self, path: str) -> dict[str, Any]:
         return {
@@ -478,6 +470,14 @@ class TsArray:
         self.t[sel].write(value).result()
 
 
+def _store(b: Backend, v: Variant, ds: Dataset, path: str) -> Any:
+    """The store ``v`` opens at ``path`` (obstore's runs only on S3: see :func:`applies`)."""
+    if v.tool == "obstore":
+        assert isinstance(b, S3Backend)
+        return b.obstore_store(path, ds.cps, v.options)
+    return b.store(v.layout, path, ds.cps, v.options, counted=v.tool != "zarrs")
+
+
 def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = False) -> tuple[Any, Any]:
     """(array, store) of the array at ``path``, through a newly opened store."""
     if v.tool == "floor":
@@ -488,13 +488,13 @@ def open_array(b: Backend, v: Variant, ds: Dataset, path: str, warm: bool = Fals
         if warm:
             spec["context"] = {"cache_pool": {"total_bytes_limit": 2**28}}
         return TsArray(tensorstore.open(spec).result()), None
-    store = b.store(v.layout, path, ds.cps, v.options, v.tool != "zarrs", v.tool == "obstore")
+    store = _store(b, v, ds, path)
     return zarr.open_array(store, path="a"), store
 
 
 def create_array(b: Backend, v: Variant, ds: Dataset, path: str) -> tuple[Any, Any]:
     """A new empty array at ``path`` in ``v``'s layout (tensorstore's made by zarr)."""
-    store = b.store(v.layout, path, ds.cps, v.options, v.tool != "zarrs", v.tool == "obstore")
+    store = _store(b, v, ds, path)
     arr = zarr.create_array(
         store,
         name="a",
