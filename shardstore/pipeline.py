@@ -224,8 +224,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         drop_axes: tuple[int, ...],
     ) -> Any:
         """:meth:`read` of chunks routed at once: shard by shard, each shard's chunks
-        decoded from its snapshot straight into ``out`` by a thread per core (a shard
-        stored raw that fills a block of ``out`` is copied there in one operation)."""
+        decoded from its snapshot straight into ``out`` by a thread per core (a shard's
+        chunks that are a box of its block in ``out`` placed there in one operation)."""
         internals = store.internals
         members = _members(routed)
         boxes = _boxes(chunks, routed, drop_axes)
