@@ -33,24 +33,26 @@ than reading a few unwanted bytes, on object stores by far."""
 def merge_ranges(
     ranges: list[tuple[int, int, int]], gap: int
 ) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
-    """Group (slot, start, stop) ranges into spans (start, stop, members), merging
-    ranges whose distance is at most ``gap`` (overlapping and shared ranges too)."""
-    spans: list[tuple[int, int, list[tuple[int, int, int]]]] = []
-    for member in sorted(ranges, key=lambda r: r[1]):
-        _, start, stop = member
-        if spans and start - spans[-1][1] <= gap:
-            span_start, span_stop, members = spans[-1]
-            spans[-1] = (span_start, max(span_stop, stop), [*members, member])
-        else:
-            spans.append((start, stop, [member]))
-    return spans
+    """Group (slot, start, stop) ranges into spans (start, stop, members, in the order
+    of their starts), merging ranges whose distance is at most ``gap`` (overlapping and
+    shared ranges too): :func:`merge_spans` with the members."""
+    starts = np.fromiter((r[1] for r in ranges), dtype=np.int64, count=len(ranges))
+    stops = np.fromiter((r[2] for r in ranges), dtype=np.int64, count=len(ranges))
+    span_starts, span_stops, span_of = merge_spans(starts, stops, gap)
+    members: list[list[tuple[int, int, int]]] = [[] for _ in range(len(span_starts))]
+    span_of_range = span_of.tolist()
+    for k in np.argsort(starts, kind="stable").tolist():
+        members[span_of_range[k]].append(ranges[k])
+    return list(zip(span_starts.tolist(), span_stops.tolist(), members, strict=True))
 
 
 def merge_spans(
     starts: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], gap: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.intp]]:
-    """:func:`merge_ranges` over arrays of [start, stop) ranges (at least one): the spans'
-    starts and stops, in order, and the span of each range."""
+    """Spans of arrays of [start, stop) ranges, merging ranges whose distance is at most
+    ``gap``: the spans' starts and stops, in order, and the span of each range."""
+    if not len(starts):
+        return starts[:0], stops[:0], np.zeros(0, dtype=np.intp)
     order = np.argsort(starts, kind="stable")
     first, last = starts[order], stops[order]
     reach = np.maximum.accumulate(last)
