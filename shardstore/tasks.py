@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -68,31 +69,43 @@ async def gather(*awaitables: Awaitable[T]) -> list[T]:
         raise
 
 
+ALONE_BELOW_BYTES = 256 << 10
+"""Work on fewer bytes than this (see :func:`in_threads`) is done on the caller's
+thread in one piece: handing a share to another core (about 15 µs) would save less."""
 SHARED_FROM_BYTES = 2 << 20
-"""Work on fewer bytes than this (see :func:`in_threads`) runs on the caller's thread:
-handing it to a thread per core and back (about 0.2 ms) costs more than sharing it
-saves (a row of sixty-four 16 KiB zstd chunks decodes in about 1 ms). That thread is
-zarr's one event loop, which every thread's reads share; measured with four threads
-reading rows of 0.5-2 MiB at once, keeping the work there was as fast or faster."""
+"""Work on this many bytes or more goes to a thread per core, the caller's thread (zarr's
+one event loop, which every thread's reads share) free meanwhile: for the next group's
+reads to go out while this one decodes. Below it the caller's thread takes a share
+and waits for the others: a hop to the threads of asyncio and back (about 0.2 ms)
+costs more than freeing the loop saves (a row of sixty-four 16 KiB zstd chunks decodes
+in about 1 ms). Measured with four threads reading rows of 0.5-2 MiB at once, keeping
+the work on that loop was as fast or faster."""
+
+_helpers: concurrent.futures.ThreadPoolExecutor | None = None
+"""Threads that take a share of work the caller's thread waits for (one per other core)."""
 
 
 async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | None = None) -> None:
-    """``work`` over ``range(n)`` cut into one slice per core, each in a worker thread
-    (for work that releases the GIL: codecs, system calls); every slice has ended
-    when this returns or raises (the first error), also when the call is cancelled:
-    a thread cannot be stopped, so it ends before the call unwinds. Work on fewer
-    than SHARED_FROM_BYTES bytes (``nbytes``, where the caller says) is done right
-    here instead, in one piece."""
+    """``work`` over ``range(n)`` cut into one slice per core (for work that releases
+    the GIL: codecs, system calls); every slice has ended when this returns or raises
+    (the first error), also when the call is cancelled: a thread cannot be stopped, so
+    it ends before the call unwinds. By ``nbytes``, where the caller says: each slice
+    in a worker thread (SHARED_FROM_BYTES or more, or unsaid), the caller's thread
+    doing the first slice and waiting for the others (less), or the caller's thread
+    doing all of it (less than ALONE_BELOW_BYTES)."""
     if n == 0:
         return
-    if nbytes is not None and nbytes < SHARED_FROM_BYTES:
+    size = SHARED_FROM_BYTES if nbytes is None else nbytes
+    shared = size < SHARED_FROM_BYTES
+    if shared and (n == 1 or size < ALONE_BELOW_BYTES):
         work(range(n))
         return
     step = -(-n // (os.cpu_count() or 1))
-    threads = asyncio.gather(
-        *(asyncio.to_thread(work, range(i, min(i + step, n))) for i in range(0, n, step)),
-        return_exceptions=True,
-    )
+    slices = [range(i, min(i + step, n)) for i in range(0, n, step)]
+    if shared:
+        _shared(work, slices)
+        return
+    threads = asyncio.gather(*(asyncio.to_thread(work, part) for part in slices), return_exceptions=True)
     try:
         outcomes = await asyncio.shield(threads)
     except asyncio.CancelledError:
@@ -101,6 +114,32 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
+
+
+def _shared(work: Callable[[range], None], slices: list[range]) -> None:
+    """``work`` over ``slices``: the first on this thread, the others by helper threads;
+    a slice no helper has started by the time this thread is free it does itself (it
+    never waits on work queued behind another caller's). Raises the first error once
+    every slice has ended."""
+    global _helpers
+    if _helpers is None:
+        with _lock:
+            if _helpers is None:
+                _helpers = concurrent.futures.ThreadPoolExecutor(
+                    max(1, (os.cpu_count() or 1) - 1), thread_name_prefix="shardstore-share"
+                )
+    shares = [_helpers.submit(work, part) for part in slices[1:]]
+    errors: list[BaseException] = []
+    for part, share in [(slices[0], None), *zip(slices[1:], shares, strict=True)]:
+        try:
+            if share is None or share.cancel():
+                work(part)
+            else:
+                share.result()
+        except BaseException as exc:  # (raised once every slice has ended)
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -220,9 +259,11 @@ def _nothing() -> None:
 
 
 def _forget_after_fork() -> None:
-    """A forked child has none of its parent's loops running: their tasks are not its own."""
-    global _lock
+    """A forked child has none of its parent's loops running: their tasks are not its
+    own; nor has it the parent's helper threads."""
+    global _lock, _helpers
     _lock = threading.Lock()
+    _helpers = None
     _spawned.clear()
     _working.clear()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -192,22 +193,81 @@ def test_in_threads_shares_the_work_out_and_raises_only_once_every_slice_has_end
 
 
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below SHARED_FROM_BYTES the work is one piece on the caller's thread (a hop to
-    a thread per core and back costs more); from it on, a slice per worker thread."""
+    """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
+    piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a slice per
+    worker thread, the caller's thread free."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
     seen: list[tuple[range, threading.Thread]] = []
 
     def work(part: range) -> None:
         seen.append((part, threading.current_thread()))
 
-    async def run(nbytes: int | None) -> threading.Thread:
-        await tasks.in_threads(work, 6, nbytes=nbytes)
+    async def run(n: int, nbytes: int | None) -> threading.Thread:
+        await tasks.in_threads(work, n, nbytes=nbytes)
         return threading.current_thread()
 
-    caller = asyncio.run(run(tasks.SHARED_FROM_BYTES - 1))
-    assert seen == [(range(6), caller)]
+    for n, small in ((6, tasks.ALONE_BELOW_BYTES - 1), (1, tasks.SHARED_FROM_BYTES - 1)):
+        seen.clear()
+        caller = asyncio.run(run(n, small))
+        assert seen == [(range(n), caller)]
     for nbytes in (tasks.SHARED_FROM_BYTES, None):  # (None: the caller cannot tell)
         seen.clear()
-        caller = asyncio.run(run(nbytes))
+        caller = asyncio.run(run(6, nbytes))
         assert sorted((part for part, _ in seen), key=lambda r: r.start) == [range(0, 3), range(3, 6)]
         assert all(thread is not caller for _, thread in seen)
+
+
+def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between ALONE_BELOW_BYTES and SHARED_FROM_BYTES the caller's thread does the first
+    slice and a helper thread the other, the call returning once both have ended; with
+    every helper busy elsewhere, the caller's thread does the other slice itself
+    instead of waiting; a helper's error is raised once every slice has ended."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "_helpers", None)
+    middling = tasks.SHARED_FROM_BYTES - 1
+    seen: list[tuple[range, threading.Thread]] = []
+    second = threading.Event()
+
+    def work(part: range) -> None:
+        seen.append((part, threading.current_thread()))
+        if part.start == 0:  # the first slice waits until the helper has taken the other
+            assert second.wait(timeout=30)
+        else:
+            second.set()
+
+    async def run(job: Callable[[range], None]) -> threading.Thread:
+        await tasks.in_threads(job, 6, nbytes=middling)
+        return threading.current_thread()
+
+    caller = asyncio.run(run(work))
+    assert sorted(seen, key=lambda s: s[0].start)[0] == (range(0, 3), caller)
+    helper = sorted(seen, key=lambda s: s[0].start)[1]
+    assert helper[0] == range(3, 6) and helper[1] is not caller
+
+    assert tasks._helpers is not None
+    release = threading.Event()
+    busy = tasks._helpers.submit(release.wait, 30)  # another caller's share holds the helper
+    seen.clear()
+    try:
+        caller = asyncio.run(run(lambda part: seen.append((part, threading.current_thread()))))
+        assert seen == [(range(0, 3), caller), (range(3, 6), caller)]
+    finally:
+        release.set()
+        busy.result(timeout=30)
+
+    ended = threading.Event()
+    second.clear()
+
+    def failing(part: range) -> None:
+        if part.start:
+            second.set()
+            raise OSError("the helper's slice failed")
+        assert second.wait(timeout=30)
+        ended.set()
+
+    with pytest.raises(OSError, match="helper's slice"):
+        asyncio.run(run(failing))
+    assert ended.is_set()
+    tasks._helpers.shutdown()
