@@ -22,7 +22,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, adapt
-from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED
+from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED, written_nbytes
 from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
@@ -131,7 +131,7 @@ class CountingInner(DelegatingInner):
                     self.counts.deletes += 1
                 elif new is not None and new is not UNCHANGED:
                     self.counts.writes += 1
-                    self.counts.bytes_written += len(new)
+                    self.counts.bytes_written += written_nbytes(new)
             return new
 
         return counted

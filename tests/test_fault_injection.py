@@ -227,7 +227,9 @@ class FaultyInner(DelegatingInner):
         if lost:
             raise _injected("update (acknowledgement lost)", key)
 
-    def _record_rewrite(self, key: str, old: bytes | None, new: bytes | None) -> None:
+    def _record_rewrite(self, key: str, old: bytes | None, new: Any) -> None:
+        if isinstance(new, list):  # pieces to write one after another (Capabilities.writes_buffers)
+            new = b"".join(new)
         before = {} if old is None else LAYOUT.split(old, key)
         after = {} if new is None else LAYOUT.split(new, key)
         if old is None and new is None:  # a whole shard deleted unread

@@ -330,8 +330,9 @@ def test_a_raw_whole_block_is_copied_once_into_the_shard_object_it_commits(
     """A shard stored raw whose every chunk a write gives is built around one copy of
     its block: the object holds the chunks in order and the index, exactly what the
     format builds of those chunks; it is written as it is where the inner store takes
-    any buffer, else as bytes. A shard with a chunk of fill values leaves it out. (The
-    chunks are stored big-endian: the copy is also the byte swap.)"""
+    any buffer, else as bytes. A shard with a chunk of fill values leaves it out, and
+    is given as its index and chunks, not joined, where the store takes any buffers.
+    (The chunks are stored big-endian: the copy is also the byte swap.)"""
     inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers)
     store = ShardingStore(inner, CPS, index_location=index_location, index_checksum=True)  # type: ignore[arg-type]
     value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
@@ -354,9 +355,36 @@ def test_a_raw_whole_block_is_copied_once_into_the_shard_object_it_commits(
             for p, (a, b) in enumerate(np.ndindex(CPS))
             if (i, j, a, b) != (0, 0, 0, 0)
         }
-        assert bytes(new) == fmt.build(chunks)
+        assert (b"".join(new) if isinstance(new, list) else bytes(new)) == fmt.build(chunks)
         built = (i, j) != (0, 0)
         assert isinstance(new, memoryview) == (built and writes_buffers), key
+        assert isinstance(new, list) == (not built and writes_buffers), key  # index and chunks, unjoined
+
+
+@pytest.mark.parametrize("writes_buffers", [True, False])
+def test_compressed_shards_reach_a_local_file_as_their_index_and_chunks_unjoined(
+    tmp_path: Path, writes_buffers: bool
+) -> None:
+    """Where the inner store takes any buffers, a shard of compressed chunks is handed
+    to it as its index and its chunks, for one ``writev`` instead of a join; elsewhere
+    as bytes. Either way it is the object the format builds of those chunks."""
+    inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers)
+    store = ShardingStore(inner, CPS)  # type: ignore[arg-type]
+    value = np.arange(18 * 18, dtype="f4").reshape(18, 18) + 1
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(store, name="a", shape=(18, 18), chunks=CHUNKS, dtype="f4", fill_value=0)
+        arr[:] = value
+        np.testing.assert_array_equal(arr[:], value)
+    fmt = IndexedFormat(CPS, "end", False)  # type: ignore[arg-type]
+    shards = {key: new for key, new in inner.written.items() if "/c/" in f"/{key}"}
+    assert len(shards) == 9
+    for key, new in shards.items():
+        assert isinstance(new, list) == writes_buffers, key
+        if isinstance(new, list):
+            chunks = fmt.split(b"".join(new), key)
+            assert [bytes(p) for p in new[:-1]] == [chunks[p] for p in sorted(chunks)]  # as encoded
+            new = b"".join(new)
+        assert fmt.build(fmt.split(new, key)) == new
 
 
 def test_a_shard_built_whole_inside_a_batch_merges_with_later_writes_to_it(tmp_path: Path) -> None:

@@ -272,6 +272,12 @@ class ShardFormat(ABC):
     def build(self, chunks: Mapping[int, bytes | memoryview]) -> bytes:
         """One compact shard object holding ``chunks`` (chunk -> stored bytes)."""
 
+    def pieces(self, chunks: Mapping[int, bytes | memoryview]) -> list[bytes | memoryview]:
+        """The object :meth:`build` gives, as pieces to write one after another: where the
+        format lays chunks out as they are, the chunks themselves, not copied into one
+        object (a local file takes them in one system call)."""
+        return [self.build(chunks)]
+
     def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]] | None:
         """``count`` new shard objects in each of which every chunk is present and
         ``chunk_nbytes`` long, stored in chunk order, with the index written; each with

@@ -37,6 +37,14 @@ ANY_VERSION = "<any>"
 _TEMPORARY = re.compile(r"\..+\.(?:[0-9a-f]{32}\.partial|appending|lock)")
 
 
+def written_nbytes(value: bytes | memoryview | list[bytes | memoryview]) -> int:
+    """The bytes of a new value a change gives (a list: its pieces, one after another;
+    see ``Capabilities.writes_buffers``)."""
+    if isinstance(value, list):
+        return sum(memoryview(piece).nbytes for piece in value)
+    return memoryview(value).nbytes
+
+
 def is_temporary(name: str) -> bool:
     """Whether a file name is one of our own temporary files beside objects in a
     directory (``.<name>.<uuid>.partial``, ``.<name>.appending``, ``.<name>.lock``):
@@ -137,8 +145,10 @@ class Capabilities:
     the DELETE)."""
     writes_buffers: bool = False
     """The new value a change gives :meth:`InnerStore.update` may be any contiguous
-    bytes-like object (a ``memoryview``), written as it is: a shard built in place
-    then needs no copy into ``bytes`` (local files). Elsewhere it is always ``bytes``."""
+    bytes-like object (a ``memoryview``), or a list of them to write one after
+    another (:func:`written_nbytes`), written as it is: a shard built in place, or
+    an index and its chunks, then need no copy into one ``bytes`` (local files).
+    Elsewhere it is always ``bytes``."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a

@@ -21,6 +21,7 @@ __all__ = [
     "covers_shard",
     "independent_of_old",
     "merge_updates",
+    "rebuilt_pieces",
     "rebuilt_shard",
     "replaces_shard",
 ]
@@ -139,6 +140,15 @@ def rebuilt_shard(
     ``updates`` applied; None (delete it) once no chunk is left, unless ``keep_empty``
     (an emptied shard stays, empty, where deletes are not ordered against other
     writers: see ``Capabilities.ordered_deletes``)."""
+    pieces = rebuilt_pieces(fmt, key, old, updates, keep_empty=keep_empty)
+    return None if pieces is None else b"".join(pieces)  # (one bytes object: itself, not copied)
+
+
+def rebuilt_pieces(
+    fmt: ShardFormat, key: str, old: bytes | None, updates: Mapping[int, list[Update]], *, keep_empty: bool
+) -> list[bytes | memoryview] | None:
+    """:func:`rebuilt_shard`'s object as the pieces to write one after another
+    (:meth:`ShardFormat.pieces`): a local file takes them without their join."""
     if old is None and all(len(ups) == 1 and not isinstance(ups[0], Splice) for ups in updates.values()):
         # a new shard of new values (a whole write): no chunk to apply anything to
         new = {
@@ -146,7 +156,7 @@ def rebuilt_shard(
             for chunk, (value,) in updates.items()
             if value is not None and not isinstance(value, Splice)
         }
-        return fmt.build(new) if new else None
+        return fmt.pieces(new) if new else None
     chunks: dict[int, bytes | memoryview] = {} if old is None else dict(fmt.split(old, key))
     for chunk, ups in updates.items():
         value = apply_updates(chunks.get(chunk), ups)
@@ -155,5 +165,5 @@ def rebuilt_shard(
         else:
             chunks[chunk] = value
     if not chunks:
-        return fmt.build({}) if keep_empty and old is not None else None
-    return fmt.build(chunks)
+        return fmt.pieces({}) if keep_empty and old is not None else None
+    return fmt.pieces(chunks)

@@ -45,6 +45,7 @@ from shardstore.writing.updates import (
     apply_updates,
     covers_shard,
     independent_of_old,
+    rebuilt_pieces,
     rebuilt_shard,
     replaces_shard,
 )
@@ -75,6 +76,17 @@ def _built(blob: memoryview, as_bytes: bool, old: bytes | None) -> bytes:
     """A shard built whole (:class:`BuiltShard`), as the inner store takes it: as it
     is where the store writes any buffer (``Capabilities.writes_buffers``)."""
     return bytes(blob) if as_bytes else cast(bytes, blob)
+
+
+def _rebuilt(
+    shard: ShardAddress, updates: ShardUpdates, keep_empty: bool, as_pieces: bool, old: bytes | None
+) -> bytes | None:
+    """:func:`rebuilt_shard`, as the inner store takes it: as pieces, not joined, where
+    the store writes any buffers (``Capabilities.writes_buffers``)."""
+    fmt, key = shard.shard_format, shard.key
+    if as_pieces:
+        return cast(bytes | None, rebuilt_pieces(fmt, key, old, updates, keep_empty=keep_empty))
+    return rebuilt_shard(fmt, key, old, updates, keep_empty=keep_empty)
 
 
 def _describe(keys: list[str], limit: int = 5) -> str:
@@ -324,9 +336,7 @@ class ShardWriter:
                 shard.key,
                 functools.partial(_built, ups.blob, not as_is)
                 if isinstance(ups, BuiltShard)
-                else functools.partial(
-                    rebuilt_shard, shard.shard_format, shard.key, updates=ups, keep_empty=keep_empty
-                ),
+                else functools.partial(_rebuilt, shard, ups, keep_empty, as_is),
             )
             for shard, ups in shards
         ]
@@ -363,11 +373,10 @@ class ShardWriter:
         if shard.shard_format.places_follow_grid and self._confirm_place is not None:
             await self._confirm_place(shard)  # chunk ids: the array may have been renumbered elsewhere
 
-        keep_empty = not self._inner.capabilities.ordered_deletes
-
-        def change(blob: bytes | None) -> bytes | None:
-            return rebuilt_shard(shard.shard_format, shard.key, blob, updates, keep_empty=keep_empty)
-
+        capabilities = self._inner.capabilities
+        change = functools.partial(
+            _rebuilt, shard, updates, not capabilities.ordered_deletes, capabilities.writes_buffers
+        )
         # Either way the inner store orders this against other writers of the shard
         # (locks, conditional writes).
         await self._inner.update(shard.key, change, read_old=read_old, attempts=self._attempts)

@@ -357,6 +357,11 @@ class IndexedFormat(ShardFormat):
 
     def build(self, chunks: Mapping[int, bytes | memoryview]) -> bytes:
         """A compact shard holding ``chunks`` (position -> encoded bytes) in position order."""
+        # one join: the shard's bytes are copied once (a shard is megabytes, each copy costs)
+        return b"".join(self.pieces(chunks))
+
+    def pieces(self, chunks: Mapping[int, bytes | memoryview]) -> list[bytes | memoryview]:
+        """:meth:`build`'s object as its index and its chunks, in the order they lie."""
         positions = sorted(chunks)
         parts = [chunks[p] for p in positions]
         sizes = np.fromiter(map(len, parts), dtype=np.uint64, count=len(parts))
@@ -367,8 +372,7 @@ class IndexedFormat(ShardFormat):
             index[positions, 0] = offsets
             index[positions, 1] = sizes
         raw_index = self.encode_index(index)
-        # one join: the shard's bytes are copied once (a shard is megabytes, each copy costs)
-        return b"".join([raw_index, *parts] if start else [*parts, raw_index])
+        return [raw_index, *parts] if start else [*parts, raw_index]
 
     def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]]:
         # One allocation for all of them: from 4 MiB numpy asks the kernel for huge
