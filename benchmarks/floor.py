@@ -409,6 +409,12 @@ class LocalBackend:
     def untimed(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
+    def settle(self) -> None:
+        """Write back every dirty page before a timed operation: past a few hundred MiB
+        of them the kernel throttles whoever writes next to the disk's pace, so the
+        variants run after others' writes would pay for those."""
+        os.sync()
+
 
 class S3Backend:
     """Keys in the moto bucket; the proxy counts every tool's requests and bytes."""
@@ -443,6 +449,9 @@ class S3Backend:
 
     def meter(self, v: Variant, path: str) -> Callable[[], Counts]:
         return lambda: (self.s3.requests, self.s3.bytes_down, self.s3.bytes_up)
+
+    def settle(self) -> None:
+        """(moto keeps objects in memory: nothing waits to be written back.)"""
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -645,6 +654,7 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
             best = float("inf")
             for _ in range(repeats):
                 timed = setup(job, v, workload)
+                job.b.settle()
                 meter = job.b.meter(v, timed.path)
                 before = meter() if meter else None
                 t0 = time.perf_counter()
