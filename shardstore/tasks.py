@@ -119,8 +119,31 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
 def _shared(work: Callable[[range], None], slices: list[range]) -> None:
     """``work`` over ``slices``: the first on this thread, the others by helper threads;
     a slice no helper has started by the time this thread is free it does itself (it
-    never waits on work queued behind another caller's). Raises the first error once
-    every slice has ended."""
+    never waits on work queued behind another caller's). The first error is raised
+    once no slice runs any more (the slices not started then are dropped), also on
+    Ctrl-C: a thread cannot be stopped, and the caller's buffers are in its hands."""
+    shares: list[concurrent.futures.Future[None]] = []
+    try:
+        with contextlib.suppress(RuntimeError):  # the pool takes no more work once the interpreter exits
+            for part in slices[1:]:
+                shares.append(_helper_pool().submit(work, part))
+        for part in [slices[0], *slices[1 + len(shares) :]]:
+            work(part)
+        for part, share in zip(slices[1:], shares, strict=False):
+            if share.cancel():
+                work(part)
+            else:
+                share.result()
+    finally:
+        for share in shares:
+            share.cancel()
+        while not all(share.done() for share in shares):
+            with contextlib.suppress(BaseException):  # (another Ctrl-C: the wait goes on)
+                concurrent.futures.wait(shares)
+
+
+def _helper_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The helper threads, one per core but this one's, started on first use."""
     global _helpers
     if _helpers is None:
         with _lock:
@@ -128,18 +151,7 @@ def _shared(work: Callable[[range], None], slices: list[range]) -> None:
                 _helpers = concurrent.futures.ThreadPoolExecutor(
                     max(1, (os.cpu_count() or 1) - 1), thread_name_prefix="shardstore-share"
                 )
-    shares = [_helpers.submit(work, part) for part in slices[1:]]
-    errors: list[BaseException] = []
-    for part, share in [(slices[0], None), *zip(slices[1:], shares, strict=True)]:
-        try:
-            if share is None or share.cancel():
-                work(part)
-            else:
-                share.result()
-        except BaseException as exc:  # (raised once every slice has ended)
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    return _helpers
 
 
 def spawn(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

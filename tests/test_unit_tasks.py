@@ -4,8 +4,10 @@ settle, and calls hopped to an async file system's home loop."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -271,3 +273,61 @@ def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy
         asyncio.run(run(failing))
     assert ended.is_set()
     tasks._helpers.shutdown()
+
+
+def test_in_threads_never_raises_while_a_helpers_slice_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupted while it waits for a helper (Ctrl-C in ``result()``), the call still
+    waits for that slice to end before raising: the helper writes into the caller's
+    buffers."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    started, interrupted, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def submit(work: Callable[[range], None], part: range) -> concurrent.futures.Future[None]:
+        share = pool.submit(work, part)
+
+        def result(timeout: float | None = None) -> None:
+            interrupted.set()
+            raise KeyboardInterrupt
+
+        share.result = result  # type: ignore[method-assign]
+        return share
+
+    monkeypatch.setattr(tasks, "_helper_pool", lambda: SimpleNamespace(submit=submit))
+
+    def work(part: range) -> None:
+        if part.start == 0:
+            assert started.wait(timeout=30)  # (so that the helper's slice cannot be taken back)
+            return
+        started.set()
+        assert interrupted.wait(timeout=30)
+        ended.set()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(tasks.in_threads(work, 2, nbytes=tasks.SHARED_FROM_BYTES - 1))
+        assert ended.is_set()
+    finally:
+        pool.shutdown()
+
+
+def test_in_threads_does_every_slice_itself_when_the_helpers_take_no_more_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At interpreter exit the helper pool refuses new work: the caller's thread then
+    does it all, as it did below ALONE_BELOW_BYTES."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    closed = concurrent.futures.ThreadPoolExecutor(1)
+    closed.shutdown()
+    monkeypatch.setattr(tasks, "_helper_pool", lambda: closed)
+    seen: list[tuple[range, threading.Thread]] = []
+
+    def work(part: range) -> None:
+        seen.append((part, threading.current_thread()))
+
+    async def run() -> threading.Thread:
+        await tasks.in_threads(work, 6, nbytes=tasks.SHARED_FROM_BYTES - 1)
+        return threading.current_thread()
+
+    caller = asyncio.run(run())
+    assert seen == [(range(0, 3), caller), (range(3, 6), caller)]

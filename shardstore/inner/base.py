@@ -26,6 +26,10 @@ AppendBuilder = Callable[[int, Callable[[int, int], bytes]], bytes | None]
 UNCHANGED = b"<unchanged>"
 """Returned by an update's change function: leave the object as it is (compared by identity)."""
 Change = Callable[[bytes | None], bytes | None]
+"""An update's change: the old bytes (None: no object) to the new ones (None: delete
+it). Where the store says ``Capabilities.writes_buffers``, the new value may also be
+any buffer or a list of them: a wrapper that looks at it measures it with
+:func:`written_nbytes` (or joins a list)."""
 STALE = b"<stale>"
 """A versioned read of an object that has changed since (compared by identity)."""
 NOT_MODIFIED = b"<not modified>"
