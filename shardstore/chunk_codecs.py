@@ -55,6 +55,10 @@ def _value(option: Any) -> Any:
     return getattr(option, "value", option)
 
 
+_THREAD_CONTEXTS = threading.local()
+"""Each thread's zstandard contexts (:meth:`_Zstd._contexts`)."""
+
+
 class _Zstd:
     """zstd through ``zstandard`` with a context per thread, else numcodecs; the frames
     carry their content size, as numcodecs' do, and any frame numcodecs reads is read."""
@@ -62,7 +66,6 @@ class _Zstd:
     def __init__(self, level: int, checksum: bool) -> None:
         self.level, self.checksum = level, checksum
         self._numcodecs = numcodecs.Zstd(level=level, checksum=checksum)
-        self._local = threading.local()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Zstd) and (self.level, self.checksum) == (other.level, other.checksum)
@@ -71,13 +74,19 @@ class _Zstd:
         return hash((self.level, self.checksum))
 
     def _contexts(self) -> tuple[Any, Any]:
-        local = self._local
-        if not hasattr(local, "contexts"):
-            local.contexts = (
+        """This thread's compressor for this level and checksum, and a decompressor:
+        made once a thread and kept, not once a codec (every read or write builds
+        its codecs anew, and a new context costs more than a small chunk's decode)."""
+        kept: dict[tuple[int, bool], tuple[Any, Any]] | None = getattr(_THREAD_CONTEXTS, "kept", None)
+        if kept is None:
+            kept = _THREAD_CONTEXTS.kept = {}
+        contexts = kept.get((self.level, self.checksum))
+        if contexts is None:
+            contexts = kept[self.level, self.checksum] = (
                 zstandard.ZstdCompressor(level=self.level, write_checksum=self.checksum),
                 zstandard.ZstdDecompressor(),
             )
-        return local.contexts  # type: ignore[no-any-return]
+        return contexts
 
     def encode(self, data: Any) -> Any:
         if zstandard is None or memoryview(data).nbytes >= NUMCODECS_FROM:

@@ -291,6 +291,24 @@ def test_big_chunks_are_compressed_by_numcodecs_and_small_ones_in_one_context() 
     assert small_codec.encode(small) == contexts[0].compress(small)
 
 
+def test_zstd_contexts_are_kept_per_thread_across_codecs() -> None:
+    """Every read builds its codecs anew: a thread keeps its zstandard contexts across
+    them (one per level and checksum), and no two threads share one."""
+    import threading
+
+    from shardstore.chunk_codecs import _Zstd
+
+    here = _Zstd(3, False)._contexts()
+    assert _Zstd(3, False)._contexts() is here
+    assert _Zstd(5, False)._contexts()[0] is not here[0]
+    assert _Zstd(3, True)._contexts()[0] is not here[0]
+    elsewhere: list[Any] = []
+    thread = threading.Thread(target=lambda: elsewhere.append(_Zstd(3, False)._contexts()))
+    thread.start()
+    thread.join()
+    assert elsewhere[0][0] is not here[0] and elsewhere[0][1] is not here[1]
+
+
 def test_chunks_decode_together_only_where_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard's small chunks a read wants decode in one call; big ones (past
     JOINED_CHUNK_BYTES) each straight into place, never held twice."""
