@@ -323,6 +323,7 @@ def test_chunks_decode_together_only_where_small(tmp_path: Path, monkeypatch: py
         return real(self, data, segments, shape)
 
     monkeypatch.setattr(ChunkCodec, "decode_stacked", counted)
+    monkeypatch.setattr("shardstore.pipeline.ROUTED_FROM", 1)  # (16 chunks: shard by shard all the same)
     big = (JOINED_CHUNK_BYTES // 4 // 128 + 1, 128)  # f4 chunks just past the limit
     for name, chunks in (("small", (8, 8)), ("big", big)):
         shape = (chunks[0] * 4, chunks[1] * 4)

@@ -177,12 +177,48 @@ def test_writes_inside_a_batch_are_buffered_like_any_other(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("pipeline")
+@pytest.mark.parametrize("compressors", [None, "auto"])
+def test_fewer_than_routed_from_chunks_go_chunk_by_chunk_and_more_shard_by_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressors: Any
+) -> None:
+    """A read or write of fewer than ROUTED_FROM chunks goes through the store chunk by
+    chunk (routing a few chunks at once costs more than it saves); from ROUTED_FROM
+    on, routed at once, shard by shard. The data is the same either way."""
+    routed: list[int] = []
+    pipeline = shardstore.pipeline.ShardAwarePipeline
+    real = pipeline._read_shards, pipeline._write_shards
+
+    def counting(k: int) -> Any:
+        async def through(self: Any, store: Any, chunks: Any, *args: Any) -> Any:
+            routed.append(len(chunks))
+            return await real[k](self, store, chunks, *args)
+
+        return through
+
+    monkeypatch.setattr(pipeline, "_read_shards", counting(0))
+    monkeypatch.setattr(pipeline, "_write_shards", counting(1))
+    few = shardstore.pipeline.ROUTED_FROM - 1
+    store, _ = _counted(tmp_path)
+    arr = zarr.create_array(
+        store, name="a", shape=(4, 4 * (few + 1)), chunks=(4, 4), dtype="f4", compressors=compressors
+    )
+    data = sample(arr.shape, "f4")
+    arr[:, : 4 * few] = data[:, : 4 * few]
+    np.testing.assert_array_equal(arr[:, : 4 * few], data[:, : 4 * few])
+    assert routed == []
+    arr[:] = data
+    np.testing.assert_array_equal(arr[:], data)
+    assert routed == [few + 1, few + 1]
+
+
+@pytest.mark.usefixtures("pipeline")
 def test_whole_chunks_written_in_a_batch_go_shard_by_shard_and_a_part_merges_with_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch's write of whole chunks reads nothing, so it is encoded shard by shard
     as outside a batch; a write of part of a chunk reads the chunk, which only the
     key-by-key path finds in the batch, so it goes that way."""
+    monkeypatch.setattr(shardstore.pipeline, "ROUTED_FROM", 1)  # (a few chunks: shard by shard all the same)
     shards: list[int] = []
     real = shardstore.pipeline.encode_shards
     monkeypatch.setattr(

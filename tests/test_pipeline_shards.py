@@ -18,6 +18,7 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+import shardstore.pipeline
 from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import LocalInner
@@ -26,6 +27,15 @@ from shardstore.instrument import CountingInner
 from .helpers import sample
 
 ZARR_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+
+
+@pytest.fixture(autouse=True)
+def _routed_however_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This module tests the shard-by-shard path: every selection takes it, however few
+    chunks it has (outside tests, fewer than ROUTED_FROM go chunk by chunk)."""
+    monkeypatch.setattr(shardstore.pipeline, "ROUTED_FROM", 1)
+
+
 SHAPE, CHUNKS, CPS = (21, 22), (3, 2), (2, 3)  # shards of 6 x 6: whole blocks inside, cut at the edges
 
 LAYOUTS: dict[str, dict[str, Any]] = {
