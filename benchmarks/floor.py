@@ -61,10 +61,11 @@ with the same options as the s3fs the URL gets: what the client library costs).
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
 --quick; locally each after a sync(), so that no variant is throttled by the
-writeback of the pages others wrote), its ratios to the codec's, zarrs' and tensorstore's, requests, MiB
-read and MiB written per operation (from the last repeat), "peak MiB" (the most
-the process's resident memory grew during the operation, sampled every 2 ms in
-one more, untimed repeat; it includes the array a read returns), and on S3 with
+writeback of the pages others wrote), its ratios to the codec's, zarrs' and
+tensorstore's, requests, MiB read and MiB written per operation (from the last
+repeat), "peak MiB" (the most the process's resident memory grew during the
+operation, sampled every 2 ms in one more, untimed repeat; it includes the
+array a read returns), and on S3 with
 latency the time in round trips (seconds / latency). Local counts come from
 wrappers: CountingStore around zarr's LocalStore, CountingInner around
 ShardingStore's inner store (shardstore.instrument), and tensorstore's own

@@ -27,8 +27,8 @@ from shardstore.inner.base import (
 from shardstore.inner.locks import file_lock
 from shardstore.tasks import in_threads
 
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if os.sysconf("SC_IOV_MAX") > 0 else 16
-"""The most pieces one ``writev`` takes (16: POSIX's least, where the system does not say)."""
+_IOV_MAX = max(os.sysconf("SC_IOV_MAX"), 16)
+"""The most pieces one ``writev`` takes (16, POSIX's least, where the system does not say)."""
 
 
 def _write_pieces(fd: int, pieces: list[bytes | memoryview]) -> None:
