@@ -66,17 +66,17 @@ class StoreInternals:
         where = await self._router.route(key)
         return where.shard.key if isinstance(where, ChunkAddress) else None
 
-    async def route_chunks(
-        self, keys: Sequence[str], *, writing: bool = False, reads_nothing: bool = False
-    ) -> RoutedChunks | None:
+    def check_writable(self, keys: Sequence[str]) -> None:
+        """Raise ReadOnlyError, naming the first of ``keys``, if the store is read-only
+        (before a write reads anything)."""
+        self._check_writable(keys[:1])
+
+    async def route_chunks(self, keys: Sequence[str], *, reads_nothing: bool = False) -> RoutedChunks | None:
         """Many chunk keys of one sharded array routed at once (see
         :meth:`KeyRouter.route_many`), to read or to write; None where they must be
         read or written key by key through the store, also while a ``batch()`` is
         open, unless the call ``reads_nothing`` (a write of whole chunks): reads see
-        the batch's buffered writes only key by key. Raises ReadOnlyError for a write
-        to a read-only store."""
-        if writing:
-            self._check_writable(keys[:1])
+        the batch's buffered writes only key by key."""
         if self._writer.buffering and not reads_nothing:
             return None
         return await self._router.route_many(keys)

@@ -6,8 +6,8 @@ once, in C order. A store under it can neither fetch the shards of a large read
 together (it sees ten chunks, of one or two shards, per round trip) nor write a
 shard once per ``arr[...] = ...`` (each burst of ten chunks rewrites the shards
 it touches, and durability forbids holding a chunk back). This pipeline sees
-the whole selection: it groups its chunks by shard (a selection of fewer
-than :data:`ROUTED_FROM` chunks goes through the store chunk by chunk) and works on
+the whole selection: it groups its chunks by shard (a selection of a few
+chunks goes through the store chunk by chunk: :func:`_chunk_by_chunk`) and works on
 ``fetch_concurrency`` shards at a time in two groups, with one batched read per
 group (the next group's read under way while this one decodes; the next
 group encoded while this one commits) and one commit per shard, done when
@@ -188,7 +188,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         codec = _direct(self, chunks, out)
         routed = (
             None
-            if codec is None or len(chunks) < ROUTED_FROM
+            if codec is None or _chunk_by_chunk(store, chunks)
             else await store.internals.route_chunks(_paths(chunks))
         )
         if codec is not None and routed is not None:
@@ -273,12 +273,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await super().write(chunks, value, drop_axes)
             return
+        store.internals.check_writable(_paths(chunks))  # (before any chunk is read)
         codec = _direct(self, chunks, value)
         whole = all(info[4] for info in chunks)  # (no chunk's old bytes to read)
         routed = (
             None
-            if codec is None or len(chunks) < ROUTED_FROM
-            else await store.internals.route_chunks(_paths(chunks), writing=True, reads_nothing=whole)
+            if codec is None or _chunk_by_chunk(store, chunks)
+            else await store.internals.route_chunks(_paths(chunks), reads_nothing=whole)
         )
         if codec is not None and routed is not None:
             await self._write_shards(store, chunks, routed, codec, value, drop_axes)
@@ -447,7 +448,8 @@ def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
 
 ROUTED_FROM = 32
 """Selections of fewer chunks go chunk by chunk (grouped by shard, through the store's
-batched reads and writes): routing them at once, finding boxes and a task per group
+batched reads and writes) where that is one batch, as routed (see
+:func:`_chunk_by_chunk`): routing them at once, finding boxes and a task per group
 cost about 0.3 ms, more than so few chunks save. Warm reads of 16 KiB zstd chunks: one
 0.29 ms against 0.58 ms, 16 chunks 0.84 against 1.24 ms, 32 chunks 1.29 against
 1.66 ms; routed, 48 chunks read cold (a newly opened store) took 4.3 against 4.6 ms."""
@@ -544,6 +546,18 @@ def _in_sharding_store(chunks: Sequence[ChunkInfo]) -> bool:
     return isinstance(getter, StorePath) and isinstance(getter.store, ShardingStore)
 
 
+def _chunk_by_chunk(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> bool:
+    """Whether a selection goes through the store chunk by chunk: fewer than ROUTED_FROM
+    chunks, and no more than the shards of one of that path's batches
+    (:func:`_by_shard`), so that it takes no more rounds of requests than routed."""
+    return len(chunks) < ROUTED_FROM and len(chunks) <= _shards_a_batch(store)
+
+
+def _shards_a_batch(store: ShardingStore) -> int:
+    """Shards in one batch of the chunk-by-chunk path: half ``fetch_concurrency``."""
+    return max(1, store.internals.fetch_concurrency // 2)
+
+
 async def _by_shard(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> list[list[int]]:
     """Positions in ``chunks``, grouped so that each group holds every chunk of at
     most half ``fetch_concurrency`` shards, in the order they are first met (a chunk
@@ -554,7 +568,7 @@ async def _by_shard(store: ShardingStore, chunks: Sequence[ChunkInfo]) -> list[l
     for n, (getter, *_) in enumerate(chunks):
         by_shard.setdefault(await internals.shard_key_of(getter.path) or getter.path, []).append(n)
     members = list(by_shard.values())
-    size = max(1, internals.fetch_concurrency // 2)
+    size = _shards_a_batch(store)
     return [[n for shard in members[i : i + size] for n in shard] for i in range(0, len(members), size)]
 
 

@@ -28,6 +28,7 @@ from zarr.storage import MemoryStore
 
 import shardstore.pipeline
 from shardstore import PIPELINE_PATH, PipelineChoiceWarning, ShardAwarePipeline, ShardingStore
+from shardstore.errors import ReadOnlyError
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
 
@@ -177,13 +178,14 @@ def test_writes_inside_a_batch_are_buffered_like_any_other(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("pipeline")
-@pytest.mark.parametrize("compressors", [None, "auto"])
-def test_fewer_than_routed_from_chunks_go_chunk_by_chunk_and_more_shard_by_shard(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressors: Any
+@pytest.mark.parametrize(("compressors", "fetch_concurrency"), [(None, 32), ("auto", 32), ("auto", 8)])
+def test_a_few_chunks_go_chunk_by_chunk_and_more_shard_by_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressors: Any, fetch_concurrency: int
 ) -> None:
-    """A read or write of fewer than ROUTED_FROM chunks goes through the store chunk by
-    chunk (routing a few chunks at once costs more than it saves); from ROUTED_FROM
-    on, routed at once, shard by shard. The data is the same either way."""
+    """A read or write of fewer than ROUTED_FROM chunks, and of no more than one batch of
+    shards (half ``fetch_concurrency``), goes through the store chunk by chunk (routing
+    a few chunks at once costs more than it saves); more, routed at once, shard by
+    shard. The data is the same either way."""
     routed: list[int] = []
     pipeline = shardstore.pipeline.ShardAwarePipeline
     real = pipeline._read_shards, pipeline._write_shards
@@ -197,8 +199,8 @@ def test_fewer_than_routed_from_chunks_go_chunk_by_chunk_and_more_shard_by_shard
 
     monkeypatch.setattr(pipeline, "_read_shards", counting(0))
     monkeypatch.setattr(pipeline, "_write_shards", counting(1))
-    few = shardstore.pipeline.ROUTED_FROM - 1
-    store, _ = _counted(tmp_path)
+    few = min(shardstore.pipeline.ROUTED_FROM - 1, fetch_concurrency // 2)
+    store, _ = _counted(tmp_path, fetch_concurrency=fetch_concurrency)
     arr = zarr.create_array(
         store, name="a", shape=(4, 4 * (few + 1)), chunks=(4, 4), dtype="f4", compressors=compressors
     )
@@ -209,6 +211,42 @@ def test_fewer_than_routed_from_chunks_go_chunk_by_chunk_and_more_shard_by_shard
     arr[:] = data
     np.testing.assert_array_equal(arr[:], data)
     assert routed == [few + 1, few + 1]
+
+
+@pytest.mark.usefixtures("pipeline")
+@pytest.mark.parametrize("n", [16, 17, 31])
+def test_a_few_chunks_take_no_more_requests_chunk_by_chunk_than_routed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    """Chunk by chunk or routed, a selection of ``n`` chunks each in a shard of its own
+    takes the same requests, bytes and rounds (batches) of reads."""
+    inner = CountingInner(LocalInner(str(tmp_path / "s")))
+    arr = zarr.create_array(ShardingStore(inner, (2,)), name="a", shape=(64,), chunks=(1,), dtype="i2")
+    arr[:] = np.arange(64, dtype="i2")
+    counts = []
+    for routed_from in (shardstore.pipeline.ROUTED_FROM, 1):
+        monkeypatch.setattr(shardstore.pipeline, "ROUTED_FROM", routed_from)
+        fresh = CountingInner(LocalInner(str(tmp_path / "s")))
+        again = zarr.open_array(ShardingStore(fresh), path="a")
+        np.testing.assert_array_equal(again[0 : 2 * n : 2], np.arange(0, 2 * n, 2, dtype="i2"))
+        counts.append((fresh.counts.reads, fresh.counts.read_batches, fresh.counts.bytes_read))
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_write_to_a_read_only_store_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    """Also a write of part of a chunk, which reads the chunk first: refused before that
+    read (a damaged shard would otherwise say so instead)."""
+    where = str(tmp_path / "s")
+    zarr.create_array(ShardingStore(where, (2,)), name="a", shape=(16,), chunks=(4,), dtype="i2")[:] = 5
+    inner = CountingInner(LocalInner(where))
+    read_only = zarr.open_array(ShardingStore(inner, read_only=True), path="a")
+    inner.counts.reset()  # (the array's metadata, read at open)
+    for selection in (slice(1, 3), slice(0, 4), slice(None)):
+        with pytest.raises(ReadOnlyError):
+            read_only[selection] = 7
+    assert (inner.counts.reads, inner.counts.writes) == (0, 0)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(where), path="a")[:], 5)
 
 
 @pytest.mark.usefixtures("pipeline")
