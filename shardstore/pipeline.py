@@ -273,7 +273,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await super().write(chunks, value, drop_axes)
             return
-        store.internals.check_writable(_paths(chunks))  # (before any chunk is read)
+        store.internals.check_writable([chunks[0][0].path])  # (before any chunk is read)
         codec = _direct(self, chunks, value)
         whole = all(info[4] for info in chunks)  # (no chunk's old bytes to read)
         routed = (
