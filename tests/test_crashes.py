@@ -86,7 +86,8 @@ def test_kill_at_any_moment_leaves_only_written_values(tmp_path: Path, mode: str
     ctx = mp.get_context("spawn")
     rng = random.Random(mode)
     for trial in range(TRIALS):
-        started, acknowledged = ctx.Event(), ctx.Value("i", 0)
+        # no lock: a writer killed while holding a Value's lock would leave this process waiting on it forever
+        started, acknowledged = ctx.Event(), ctx.Value("i", 0, lock=False)
         writer = ctx.Process(target=_write_forever, args=(url, mode, 10 * (trial + 1), started, acknowledged))
         writer.start()
         assert started.wait(120)
