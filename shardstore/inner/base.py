@@ -34,7 +34,7 @@ STALE = b"<stale>"
 """A versioned read of an object that has changed since (compared by identity)."""
 NOT_MODIFIED = b"<not modified>"
 """A conditional read of an object still at the version the reader has (compared by identity)."""
-DEFAULT_ATTEMPTS = 10
+DEFAULT_ATTEMPTS = 20
 """Conditional writes one update tries before giving up (``write_attempts``)."""
 ANY_VERSION = "<any>"
 """A version that ``write_if`` does not check: the write replaces whatever is there."""
