@@ -13,6 +13,7 @@ import fsspec
 import pytest
 import zarr
 from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+from hypothesis import HealthCheck, settings
 
 from shardstore import ShardingStore
 
@@ -24,6 +25,19 @@ pytest.register_assert_rewrite("tests.helpers", "tests.fault_cases")
 # gcsfs 2026 asks a bucket's type over gRPC first and waits 60 s a call for the GCS
 # emulator, which has none; set before gcsfs is imported, inherited by spawned writers
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+# The suite passes every time: hypothesis draws the same examples on every run (a
+# property's failure is a bug found once, not a flake), and no example is timed (a
+# loaded machine, two test processes on two cores, stalls any of them). Exploring with
+# fresh examples is a run by hand: pytest --hypothesis-profile=explore
+settings.register_profile(
+    "repeatable", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile(config.getoption("hypothesis_profile", None) or "repeatable")
 
 InnerFactory = Callable[[Path], Any]
 

@@ -12,6 +12,7 @@ import zarr
 from shardstore import ShardingStore
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
+from shardstore.reading import reader
 
 
 def _write(store: ShardingStore, value: float = 1.0, **kwargs: Any) -> zarr.Array:
@@ -33,7 +34,10 @@ def test_warm_chunk_read_is_one_request_on_local_files(tmp_path: Path) -> None:
     assert counted.counts.reads == 2
 
 
-def test_auto_fetches_a_repeatedly_read_local_shard_whole_once(tmp_path: Path) -> None:
+def test_auto_fetches_a_repeatedly_read_local_shard_whole_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader, "REPEAT_WINDOW", 3600.0)  # "again and again" however slow the machine
     counted = CountingInner(LocalInner(tmp_path))
     store = ShardingStore(counted, chunks_per_shard=(4, 4))
     arr = _write(store)

@@ -20,6 +20,10 @@ from shardstore.writing.updates import Splice, Update, apply_updates, independen
 
 from .helpers import turns_until, within
 
+PATIENCE_S = 60.0
+"""How long the tests on two event loops wait for each other: what a loaded machine may need,
+never what the test relies on (each wait ends as soon as its event comes)."""
+
 Updates = dict[int, list[Update]]
 
 
@@ -384,7 +388,7 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
             calls.append((threading.get_ident(), {p: list(u) for p, u in updates.items()}))
             in_flight += 1
             max_in_flight = max(max_in_flight, in_flight)
-        await asyncio.to_thread(gate.wait, 5)
+        await asyncio.to_thread(gate.wait, PATIENCE_S)
         with lock:
             in_flight -= 1
 
@@ -392,7 +396,7 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
 
     async def loop_one() -> int:
         async def later() -> None:
-            await asyncio.to_thread(b_joined.wait, 5)
+            await asyncio.to_thread(b_joined.wait, PATIENCE_S)
             c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))
             await spin(2)
             c_joined.set()
@@ -412,17 +416,17 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         one = _run_in_thread(pool, loop_one)
         two = _run_in_thread(pool, loop_two)
-        assert c_joined.wait(5)
+        assert c_joined.wait(PATIENCE_S)
         assert len(calls) == 1  # the second batch waits for the first commit
         gate.set()
-        thread_one, thread_two = one.result(10), two.result(10)
+        thread_one, thread_two = one.result(PATIENCE_S), two.result(PATIENCE_S)
 
     assert [ups for _, ups in calls] == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]
     assert [ident for ident, _ in calls] == [thread_one, thread_two]  # each on its batch's loop
     assert max_in_flight == 1
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 5) -> bool:
+def _wait_for(condition: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
     event = threading.Event()
     for _ in range(int(timeout / 0.005)):
         if condition():
@@ -448,13 +452,13 @@ def test_cancelled_writer_on_another_loop_does_not_cancel_the_shared_commit() ->
     async def commit(key: str, target: Any, updates: Updates) -> None:
         with lock:
             calls.append({p: list(u) for p, u in updates.items()})
-        await asyncio.to_thread(gate.wait, 5)
+        await asyncio.to_thread(gate.wait, PATIENCE_S)
 
     queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
 
     async def loop_one() -> list[BaseException | None]:
         async def later() -> None:
-            await asyncio.to_thread(b_joined.wait, 5)
+            await asyncio.to_thread(b_joined.wait, PATIENCE_S)
             c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))  # joins batch two
             await spin(2)
             c_joined.set()
@@ -470,16 +474,16 @@ def test_cancelled_writer_on_another_loop_does_not_cancel_the_shared_commit() ->
         b = asyncio.ensure_future(queue.submit("k", "t", {1: [b"b"]}))  # opens batch two here
         await spin(2)
         b_joined.set()
-        await asyncio.to_thread(c_joined.wait, 5)
+        await asyncio.to_thread(c_joined.wait, PATIENCE_S)
         b.cancel()  # then this loop ends (asyncio.run cancels what is left on it)
         await asyncio.gather(b, return_exceptions=True)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         one = _run_in_thread(pool, loop_one)
         two = _run_in_thread(pool, loop_two)
-        two.result(10)
+        two.result(PATIENCE_S)
         gate.set()
-        a_result, c_result = one.result(10)
+        a_result, c_result = one.result(PATIENCE_S)
     assert a_result is None
     assert c_result is None  # fails: CancelledError, though nobody cancelled this writer
     assert calls == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]  # batch two is never committed
