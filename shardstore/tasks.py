@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["at_work", "gather", "in_flight", "in_threads", "run_at_exit", "settle", "spawn"]
+__all__ = ["at_work", "gather", "in_flight", "in_threads", "lasting_loop", "run_at_exit", "settle", "spawn"]
 
 T = TypeVar("T")
 
@@ -171,6 +171,21 @@ def _forget_spawned(task: asyncio.Task[Any]) -> None:
         _spawned.discard(task)
 
 
+_lasting: asyncio.AbstractEventLoop | None = None
+
+
+def lasting_loop() -> asyncio.AbstractEventLoop:
+    """An event loop of shardstore's own, running in a daemon thread until exit, for
+    work that must outlive the loop that started it: a shard commit that writers on
+    other loops wait for, when the loop running it ends (its ``asyncio.run`` over)."""
+    global _lasting
+    with _lock:
+        if _lasting is None:
+            _lasting = asyncio.new_event_loop()
+            threading.Thread(target=_lasting.run_forever, name="shardstore-lasting", daemon=True).start()
+        return _lasting
+
+
 @contextlib.contextmanager
 def at_work() -> Iterator[None]:
     """Record the running task as waiting on storage until the block ends (nothing
@@ -272,10 +287,10 @@ def _nothing() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child has none of its parent's loops running: their tasks are not its
-    own; nor has it the parent's helper threads."""
-    global _lock, _helpers
+    own; nor has it the parent's helper threads or lasting loop."""
+    global _lock, _helpers, _lasting
     _lock = threading.Lock()
-    _helpers = None
+    _helpers = _lasting = None
     _spawned.clear()
     _working.clear()
 

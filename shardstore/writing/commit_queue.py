@@ -14,7 +14,10 @@ shard, or as soon as every writer zarr can have in flight is waiting here
 goes first. A lone write never lingers.
 
 Batches are signalled with thread-safe futures, so writers on different
-event loops (or threads) are ordered and merged just the same. A synchronous
+event loops (or threads) are ordered and merged just the same. A batch's
+commit runs on the loop of the writer that opened it; if that loop ends first
+(its ``asyncio.run`` cancels what is left) while writers on other loops still
+wait, the commit is carried on in shardstore's lasting loop. A synchronous
 write made inside a running loop cannot wait for a batch that runs on that
 loop: it raises :class:`~shardstore.errors.SyncCallError` instead.
 """
@@ -25,12 +28,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
 from shardstore.sync_bridge import refuse_to_wait
-from shardstore.tasks import spawn
+from shardstore.tasks import lasting_loop, spawn
 from shardstore.writing.updates import ShardUpdates, Update, merge_updates
 
 __all__ = ["CommitQueue", "outcome"]
@@ -67,6 +71,8 @@ class _Batch(Generic[T]):
     writers: int = 0
     done: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     grew: asyncio.Event | None = None
+    waiting: Counter[asyncio.AbstractEventLoop] = field(default_factory=Counter)
+    """Writers still waiting for ``done``, by their loop."""
 
     def wake(self) -> None:
         """Tell a lingering batch it grew. Called outside the queue's lock, so the
@@ -129,11 +135,16 @@ class CommitQueue(Generic[T]):
                 refuse_to_wait(batch.loop, shard_key, "a pending write to its shard")
             batch.target = target
             batch.writers += 1
+            batch.waiting[loop] += 1
             merge_updates(batch.updates, updates)
             to_wake = [batch, *self._fullest_if_all_waiting()]
         for b in to_wake:
             b.wake()
-        await outcome(batch.done)
+        try:
+            await outcome(batch.done)
+        finally:
+            with self._lock:
+                batch.waiting[loop] -= 1
 
     def reserve(self, shard_keys: Sequence[str]) -> tuple[list[str], Callable[[], None]]:
         """Reserve, for one commit made outside the queue, those of ``shard_keys`` that
@@ -196,15 +207,21 @@ class CommitQueue(Generic[T]):
             with self._lock:
                 self._lingering.discard(batch)
 
-    async def _run(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
-        with self._lock:
-            self._busy += 1
+    async def _run(
+        self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None, *, resumed: bool = False
+    ) -> None:
+        """Commit ``batch`` once ``previous`` is committed; a first batch lingers first,
+        unless ``resumed`` from a loop that ended (see :meth:`_carry_on`)."""
+        if not resumed:
+            with self._lock:
+                self._busy += 1
+        carried_on = False
         try:
-            if previous is None:
-                await self._linger(batch)
-            else:
+            if previous is not None:
                 with contextlib.suppress(Exception):  # its own writers get its error
                     await outcome(previous.done)
+            elif not resumed:
+                await self._linger(batch)
             with self._lock:
                 if self._pending.get(shard_key) is batch:
                     del self._pending[shard_key]
@@ -215,13 +232,34 @@ class CommitQueue(Generic[T]):
                 with self._lock:
                     self._committing -= 1
         except BaseException as exc:
+            carried_on = isinstance(exc, asyncio.CancelledError) and self._carry_on(
+                shard_key, batch, previous
+            )
+            if carried_on:
+                return
             batch.done.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
         else:
             batch.done.set_result(None)
         finally:
-            with self._lock:
-                self._busy -= 1
-                if self._tail.get(shard_key) is batch:
-                    del self._tail[shard_key]
+            if not carried_on:
+                with self._lock:
+                    self._busy -= 1
+                    if self._tail.get(shard_key) is batch:
+                        del self._tail[shard_key]
+
+    def _carry_on(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> bool:
+        """Whether the commit of ``batch``, cancelled with the loop running it, goes on in
+        the lasting loop: yes while a writer on another loop waits for it, which would
+        otherwise get a CancelledError nobody asked for, its write never committed.
+        (Committing again what a cancelled commit may have written is harmless: a
+        commit sets chunks to values, and its writes are conditional or locked.)"""
+        here, heir = asyncio.get_running_loop(), lasting_loop()
+        with self._lock:
+            others = any(n > 0 for loop, n in batch.waiting.items() if loop is not here)
+            if not others or here is heir:
+                return False
+            batch.loop = heir  # (where it runs from now on: see refuse_to_wait)
+        heir.call_soon_threadsafe(lambda: spawn(self._run(shard_key, batch, previous, resumed=True)))
+        return True
