@@ -172,14 +172,18 @@ def _forget_spawned(task: asyncio.Task[Any]) -> None:
 
 
 _lasting: asyncio.AbstractEventLoop | None = None
+_exiting = False
 
 
-def lasting_loop() -> asyncio.AbstractEventLoop:
+def lasting_loop() -> asyncio.AbstractEventLoop | None:
     """An event loop of shardstore's own, running in a daemon thread until exit, for
     work that must outlive the loop that started it: a shard commit that writers on
-    other loops wait for, when the loop running it ends (its ``asyncio.run`` over)."""
+    other loops wait for, when the loop running it ends (its ``asyncio.run`` over).
+    None at exit, when what is left is cancelled, not carried on."""
     global _lasting
     with _lock:
+        if _exiting:
+            return None
         if _lasting is None:
             _lasting = asyncio.new_event_loop()
             threading.Thread(target=_lasting.run_forever, name="shardstore-lasting", daemon=True).start()
@@ -257,6 +261,8 @@ def run_at_exit(step: Callable[[], None]) -> None:
 
 
 def _at_exit() -> None:
+    global _exiting
+    _exiting = True
     settle()
     with _lock:
         steps = list(_exit_steps)

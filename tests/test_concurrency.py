@@ -13,6 +13,7 @@ from zarr.core.buffer import cpu, default_buffer_prototype
 from zarr.testing.store import LatencyStore
 
 from shardstore import ShardingStore
+from shardstore.errors import BatchCommitError
 
 from .helpers import quiesce, sample
 
@@ -142,3 +143,41 @@ def test_failed_commit_keeps_acknowledged_chunks() -> None:
     got = zarr.open_array(ShardingStore(inner), path="f")[:]
     np.testing.assert_array_equal(got[4:8], [1] * 4)  # the failed shard: old data, whole
     assert set(got[:4]) == {2} and set(got[8:]) == {2}
+
+
+def test_a_batch_whose_shard_commit_ended_with_a_writers_loop_says_so_at_its_end(tmp_path: Any) -> None:
+    """``store.batch()`` is open here; a thread writes a whole shard with its own
+    ``asyncio.run``, which ends as soon as the (buffered) write returns and so cancels
+    the shard's commit it started. The batch's end reports that shard, whole either
+    way, or finds it written; before, it waited for that commit forever."""
+    store = ShardingStore(str(tmp_path / "s"), chunks_per_shard=(4, 4))
+    zarr.create_array(store, name="a", shape=(4, 8), chunks=(1, 1), dtype="i4", fill_value=-1)
+
+    async def write() -> None:
+        arr = await zarr.api.asynchronous.open_array(store=store, path="a")
+        await arr.setitem((slice(0, 4), slice(0, 4)), np.full((4, 4), 7, "i4"))
+
+    outcome: list[BaseException | None] = []
+
+    def in_a_batch() -> None:
+        try:
+            with store.batch():
+                thread = threading.Thread(target=asyncio.run, args=(write(),))
+                thread.start()
+                thread.join()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    batch = threading.Thread(target=in_a_batch, daemon=True)
+    batch.start()
+    batch.join(60)
+    assert outcome, "the batch's end waits for a commit that will never end"
+    got = zarr.open_array(store, path="a", mode="r")[:, :4]
+    if outcome[0] is None:
+        assert (got == 7).all()
+    else:
+        assert isinstance(outcome[0], BatchCommitError) and set(outcome[0].failed) == {"a/c/0/0"}
+        assert "cancelled with the event loop" in str(outcome[0])
+        assert (got == 7).all() or (got == -1).all()  # whole, either way

@@ -423,7 +423,8 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
         thread_one, thread_two = one.result(PATIENCE_S), two.result(PATIENCE_S)
 
     assert [ups for _, ups in calls] == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]
-    assert [ident for ident, _ in calls] == [thread_one, thread_two]  # each on its batch's loop
+    # batch one on its loop; batch two, which writers on both loops wait for, in the lasting loop
+    assert calls[0][0] == thread_one and calls[1][0] not in (thread_one, thread_two)
     assert max_in_flight == 1
 
 
@@ -484,9 +485,9 @@ def test_cancelled_writer_on_another_loop_does_not_cancel_the_shared_commit() ->
     assert calls == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]  # batch two committed, b's update too
 
 
-def test_a_commit_cut_off_by_its_loop_ending_is_made_again_for_a_writer_on_another_loop() -> None:
-    """Batch two (b, opened on loop 2, joined by c from loop 1) is committing when b is
-    cancelled and loop 2 ends: the commit is made again in the lasting loop, for c."""
+def test_a_commit_waited_for_on_another_loop_is_not_cut_off_by_the_end_of_its_own() -> None:
+    """Batch two (b, opened on loop 2, joined by c from loop 1) commits in the lasting
+    loop: b's cancellation and loop 2's end while it commits do not cut it off."""
     lock = threading.Lock()
     calls: list[Updates] = []
     first_ends, second_ends, b_joined, c_joined = (threading.Event() for _ in range(4))
@@ -519,7 +520,7 @@ def test_a_commit_cut_off_by_its_loop_ending_is_made_again_for_a_writer_on_anoth
         await spin(2)
         b_joined.set()
         assert await asyncio.to_thread(lambda: _wait_for(lambda: len(calls) == 2))  # batch two commits
-        b.cancel()  # then this loop ends, cancelling batch two's commit under way
+        b.cancel()  # then this loop ends while batch two's commit is under way
         await asyncio.gather(b, return_exceptions=True)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -528,10 +529,90 @@ def test_a_commit_cut_off_by_its_loop_ending_is_made_again_for_a_writer_on_anoth
         assert c_joined.wait(PATIENCE_S)
         first_ends.set()
         two.result(PATIENCE_S)
-        assert _wait_for(lambda: len(calls) == 3)  # made again, in the lasting loop
         second_ends.set()
         assert one.result(PATIENCE_S) == [None, None]
-    assert calls == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}, {1: [b"b"], 2: [b"c"]}]
+    assert calls == [{0: [b"a"]}, {1: [b"b"], 2: [b"c"]}]  # each batch committed once
+
+
+def test_a_batch_whose_loop_ended_before_its_first_step_is_carried_on_for_a_later_writer() -> None:
+    """The loop that opened a batch ends in that very turn (its commit's task never
+    starts); a writer from another loop that joins it later still gets it committed."""
+    calls: list[Updates] = []
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        calls.append({p: list(u) for p, u in updates.items()})
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
+
+    left: list[asyncio.Future[None]] = []
+
+    async def opens_and_ends() -> None:
+        left.append(asyncio.ensure_future(queue.submit("k", "t", {0: [b"a"]})))  # cancelled at once
+
+    asyncio.run(opens_and_ends())
+
+    async def later() -> None:
+        await within(queue.submit("k", "t", {1: [b"c"]}), PATIENCE_S)
+
+    asyncio.run(later())
+    assert calls[-1] == {1: [b"c"]} or calls[-1] == {0: [b"a"], 1: [b"c"]}
+
+
+def test_a_shard_whose_batch_ended_with_its_loop_takes_later_writes() -> None:
+    """A batch abandoned while lingering (its loop ended, no writer elsewhere) fails its
+    own writers only: later writes to the shard, from other loops, are committed."""
+    calls: list[Updates] = []
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        calls.append({p: list(u) for p, u in updates.items()})
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=PATIENCE_S)
+
+    left: list[asyncio.Future[None]] = []
+
+    async def opens_and_ends() -> None:
+        left.extend(asyncio.ensure_future(queue.submit("k", "t", {n: [b"a"]})) for n in range(2))
+        await spin(2)  # (two writers: the batch lingers, until this loop ends)
+
+    asyncio.run(opens_and_ends())
+    for n in range(3):
+        asyncio.run(within(queue.submit("k", "t", {2: [b"%d" % n]}), PATIENCE_S))
+    assert calls == [{2: [b"0"]}, {2: [b"1"]}, {2: [b"2"]}]
+
+
+def test_a_batch_behind_one_whose_loop_ended_is_committed_for_its_living_writer() -> None:
+    """Batch one (b, on loop 2) fails with a CancelledError when loop 2 ends before it
+    commits; batch two, opened behind it by c on loop 1, which nobody cancelled, is
+    committed, not failed with batch one's CancelledError."""
+    calls: list[Updates] = []
+    c_submitted = threading.Event()
+    left: list[asyncio.Future[None]] = []
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        calls.append({p: list(u) for p, u in updates.items()})
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=PATIENCE_S)
+
+    async def loop_two() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
+        left.extend(asyncio.ensure_future(queue.submit("k", "t", {n: [b"a"]})) for n in range(2))
+        await spin(2)  # (two writers: batch one lingers, until this loop ends)
+        await asyncio.to_thread(c_submitted.wait, PATIENCE_S)
+
+    async def loop_one() -> None:
+        assert await asyncio.to_thread(lambda: _wait_for(lambda: "k" in queue._pending))
+        queue._pending.pop("k")  # (as a commit starting would: c opens batch two behind it)
+        c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))
+        await spin(2)
+        c_submitted.set()
+        await within(c, PATIENCE_S)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        one = _run_in_thread(pool, loop_one)
+        two = _run_in_thread(pool, loop_two)
+        two.result(PATIENCE_S)
+        assert one.result(PATIENCE_S) is None
+    assert calls == [{2: [b"c"]}]
 
 
 def test_a_commit_whose_writers_all_ended_with_their_loop_is_not_carried_on() -> None:

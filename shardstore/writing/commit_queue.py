@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -130,7 +131,8 @@ class CommitQueue(Generic[T]):
                     refuse_to_wait(previous.loop, shard_key, "the commit of an earlier write to its shard")
                 batch = self._pending[shard_key] = _Batch(target, loop)
                 self._tail[shard_key] = batch
-                spawn(self._run(shard_key, batch, previous))
+                self._busy += 1
+                self._start(shard_key, batch, previous)
             else:
                 refuse_to_wait(batch.loop, shard_key, "a pending write to its shard")
             batch.target = target
@@ -207,59 +209,122 @@ class CommitQueue(Generic[T]):
             with self._lock:
                 self._lingering.discard(batch)
 
+    def _start(
+        self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None, resumed: bool = False
+    ) -> None:
+        """Run :meth:`_run` as a task of the running loop. A task cancelled before its
+        first step (its loop ended at once) never runs its body: it is abandoned here."""
+        began = False
+
+        async def run() -> None:
+            nonlocal began
+            began = True
+            await self._run(shard_key, batch, previous, resumed=resumed)
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not began:
+                self._abandoned(shard_key, batch, previous)
+
+        spawn(run()).add_done_callback(ended)
+
     async def _run(
-        self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None, *, resumed: bool = False
+        self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None, *, resumed: bool
     ) -> None:
         """Commit ``batch`` once ``previous`` is committed; a first batch lingers first,
-        unless ``resumed`` from a loop that ended (see :meth:`_carry_on`)."""
-        if not resumed:
-            with self._lock:
-                self._busy += 1
-        carried_on = False
+        unless ``resumed`` in the lasting loop (see :meth:`_abandoned`). A commit that
+        writers on another loop wait for is made in the lasting loop, whose end they
+        need not fear; made here, it ends with this loop, as do all its writers."""
         try:
             if previous is not None:
-                with contextlib.suppress(Exception):  # its own writers get its error
-                    await outcome(previous.done)
+                await _behind(previous)
             elif not resumed:
                 await self._linger(batch)
-            with self._lock:
-                if self._pending.get(shard_key) is batch:
-                    del self._pending[shard_key]
-                self._committing += 1
-            try:
-                await self._commit(shard_key, batch.target, batch.updates)
-            finally:
-                with self._lock:
-                    self._committing -= 1
-        except BaseException as exc:
-            carried_on = isinstance(exc, asyncio.CancelledError) and self._carry_on(
-                shard_key, batch, previous
+        except asyncio.CancelledError:
+            self._abandoned(shard_key, batch, previous)
+            raise
+        here = asyncio.get_running_loop()
+        with self._lock:
+            if self._pending.get(shard_key) is batch:
+                del self._pending[shard_key]  # from now on, writers start the next batch
+            heir = lasting_loop() if _waited_elsewhere(batch, here) else None
+            if heir is not None and heir is not here:
+                batch.loop = heir  # (where it runs from now on: see refuse_to_wait)
+            else:
+                heir = None
+        if heir is None:
+            await self._commit_and_tell(shard_key, batch, previous)
+        else:
+            heir.call_soon_threadsafe(
+                lambda: spawn(self._commit_and_tell(shard_key, batch, previous)),
+                context=contextvars.Context(),
             )
-            if carried_on:
-                return
+
+    async def _commit_and_tell(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
+        with self._lock:
+            self._committing += 1
+        try:
+            await self._commit(shard_key, batch.target, batch.updates)
+        except BaseException as exc:
             batch.done.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
         else:
             batch.done.set_result(None)
         finally:
-            if not carried_on:
-                with self._lock:
-                    self._busy -= 1
-                    if self._tail.get(shard_key) is batch:
-                        del self._tail[shard_key]
+            with self._lock:
+                self._committing -= 1
+            self._forget(shard_key, batch, previous)
 
-    def _carry_on(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> bool:
-        """Whether the commit of ``batch``, cancelled with the loop running it, goes on in
-        the lasting loop: yes while a writer on another loop waits for it, which would
-        otherwise get a CancelledError nobody asked for, its write never committed.
-        (Committing again what a cancelled commit may have written is harmless: a
-        commit sets chunks to values, and its writes are conditional or locked.)"""
-        here, heir = asyncio.get_running_loop(), lasting_loop()
+    def _abandoned(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
+        """The loop running ``batch`` ended (its ``asyncio.run`` over) before the commit
+        began. While a writer on another loop waits for it, it goes on in the lasting
+        loop; otherwise it fails with CancelledError (its writers were all on this
+        loop) and nobody joins it any more."""
+        here = asyncio.get_running_loop()
         with self._lock:
-            others = any(n > 0 for loop, n in batch.waiting.items() if loop is not here)
-            if not others or here is heir:
-                return False
-            batch.loop = heir  # (where it runs from now on: see refuse_to_wait)
-        heir.call_soon_threadsafe(lambda: spawn(self._run(shard_key, batch, previous, resumed=True)))
-        return True
+            heir = lasting_loop() if _waited_elsewhere(batch, here) else None
+            if heir is not None and heir is not here:
+                batch.loop = heir
+            else:
+                heir = None
+                if self._pending.get(shard_key) is batch:
+                    del self._pending[shard_key]
+        if heir is not None:
+            heir.call_soon_threadsafe(
+                lambda: self._start(shard_key, batch, previous, resumed=True), context=contextvars.Context()
+            )
+            return
+        batch.done.set_exception(asyncio.CancelledError())
+        self._forget(shard_key, batch, previous)
+
+    def _forget(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
+        """``batch`` is over: the shard's next batch waits no more for it (but still for
+        ``previous``, if this one ended before it)."""
+        with self._lock:
+            self._busy -= 1
+            if self._pending.get(shard_key) is batch:
+                del self._pending[shard_key]
+            if self._tail.get(shard_key) is batch:
+                if previous is not None and not previous.done.done():
+                    self._tail[shard_key] = previous
+                else:
+                    del self._tail[shard_key]
+
+
+def _waited_elsewhere(batch: _Batch[Any], here: asyncio.AbstractEventLoop) -> bool:
+    """Whether a writer on another loop than ``here`` waits for ``batch``."""
+    return any(n > 0 for loop, n in batch.waiting.items() if loop is not here)
+
+
+async def _behind(previous: _Batch[Any]) -> None:
+    """Wait until the shard's previous batch is over, whatever its outcome (its own
+    writers get its error), including the CancelledError of a batch whose loop ended,
+    which is no cancellation of this one."""
+    try:
+        await outcome(previous.done)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception:
+        pass

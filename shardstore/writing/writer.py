@@ -30,7 +30,7 @@ from zarr.core.sync import sync
 
 from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.choices import WriteStrategy
-from shardstore.errors import BatchCommitError, PartialShardWriteError
+from shardstore.errors import BatchCommitError, PartialShardWriteError, ShardStoreError
 from shardstore.formats.base import EMPTIED, Change
 from shardstore.inner import InnerStore
 from shardstore.inner.base import DEFAULT_ATTEMPTS, failure
@@ -87,6 +87,15 @@ def _rebuilt(
     if as_pieces:
         return cast(bytes | None, rebuilt_pieces(fmt, key, old, updates, keep_empty=keep_empty))
     return rebuilt_shard(fmt, key, old, updates, keep_empty=keep_empty)
+
+
+def _cut_off(shard_key: str) -> ShardStoreError:
+    """What a batch reports for a shard whose commit was cancelled with its event loop."""
+    return ShardStoreError(
+        f"{shard_key!r}: its commit was cancelled with the event loop it ran on (that loop's "
+        "asyncio.run ended first); the shard holds its previous contents or the batch's writes "
+        "to it, whole"
+    )
 
 
 def _describe(keys: list[str], limit: int = 5) -> str:
@@ -263,8 +272,9 @@ class ShardWriter:
         if buffer.failures:
             failed = {held.shard_key: exc for held, exc in buffer.failures}
             raise BatchCommitError(
-                f"{len(failed)} shard(s) of the batch could not be committed (their previous contents "
-                f"are intact; every other shard was written): {_describe(list(failed))}; first error: "
+                f"{len(failed)} shard(s) of the batch could not be committed (each holds its previous "
+                f"contents, whole, unless its error says otherwise; every other shard was written): "
+                f"{_describe(list(failed))}; first error: "
                 f"{buffer.failures[0][1]}",
                 failed,
             ) from buffer.failures[0][1]
@@ -279,13 +289,25 @@ class ShardWriter:
         await self._settle(buffer)
 
     def _start(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
-        spawn(self._commit_held(buffer, held))
+        """Commit a shard the batch held, as a task of the running loop. However it ends,
+        even cancelled with its loop before its first step, the batch hears of it
+        (its end waits for every shard it started)."""
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not held.done.done():  # (cancelled before its first step)
+                buffer.finished(held, _cut_off(held.shard_key))
+
+        spawn(self._commit_held(buffer, held)).add_done_callback(ended)
 
     async def _commit_held(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
         try:
             await self._queue.submit(held.shard_key, held.target, held.updates)
-        except Exception as exc:
-            buffer.finished(held, exc)
+        except BaseException as exc:  # (also cancelled: its loop ended)
+            buffer.finished(
+                held, _cut_off(held.shard_key) if isinstance(exc, asyncio.CancelledError) else exc
+            )
+            if not isinstance(exc, Exception):
+                raise
         else:
             buffer.finished(held, None)
 
