@@ -20,14 +20,14 @@ import contextvars
 import functools
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 from zarr.core.sync import sync as zarr_sync
 
 from shardstore.errors import SyncCallError
 
-__all__ = ["blocked", "blocking", "in_a_thread", "refuse_to_wait", "run"]
+__all__ = ["blocked", "blocking", "context_serving", "in_a_thread", "refuse_to_wait", "run", "serving"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -40,6 +40,19 @@ _callers: contextvars.ContextVar[tuple[asyncio.AbstractEventLoop, ...]] = contex
     "shardstore_sync_callers", default=()
 )
 """The loops whose synchronous calls the running code serves (nested calls add one each)."""
+
+
+def serving() -> tuple[asyncio.AbstractEventLoop, ...]:
+    """The loops whose synchronous calls the running code serves (see :func:`run`)."""
+    return _callers.get()
+
+
+def context_serving(loops: Iterable[asyncio.AbstractEventLoop]) -> contextvars.Context:
+    """A fresh context for work handed to another loop on behalf of code that serves
+    the synchronous calls made on ``loops``: it still refuses to wait on them."""
+    context = contextvars.Context()
+    context.run(_callers.set, tuple(loops))
+    return context
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

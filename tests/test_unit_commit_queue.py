@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -15,6 +16,9 @@ from typing import Any
 
 import pytest
 
+from shardstore import sync_bridge
+from shardstore.errors import SyncCallError
+from shardstore.inner.locks import process_lock
 from shardstore.tasks import lasting_loop
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import Splice, Update, apply_updates, independent_of_old, merge_updates
@@ -642,6 +646,110 @@ def test_a_commit_whose_writers_all_ended_with_their_loop_is_not_carried_on() ->
         asyncio.run_coroutine_threadsafe(commits_in_the_lasting_loop(), lasting_loop()).result(PATIENCE_S)
         == []
     )
+
+
+def test_an_abandoned_batch_hands_its_shard_back_to_the_batch_ahead_before_failing() -> None:
+    """Batch Y, queued behind X (committing on loop A), is abandoned when loop B ends: by
+    the time Y's writers hear of it, the shard's next writer queues behind X again,
+    never beside it."""
+    gate = threading.Event()
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.001)
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
+    seen: list[Any] = []
+
+    async def behind() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
+        left = asyncio.ensure_future(queue.submit("k", "t", {1: [b"y"]}))
+        await spin(2)
+        queue._pending["k"].done.add_done_callback(lambda _: seen.append(queue._tail.get("k")))
+        seen.append(left)  # (kept: this loop ends with it pending)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        ahead = _run_in_thread(pool, lambda: queue.submit("k", "t", {0: [b"x"]}))
+        assert _wait_for(lambda: "k" in queue._tail and "k" not in queue._pending)  # X commits
+        x = queue._tail["k"]
+        asyncio.run(behind())
+        assert seen[1] is x  # when Y failed, the shard was X's again
+        gate.set()
+        ahead.result(PATIENCE_S)
+    assert "k" not in queue._tail and queue._busy == 0
+
+
+def test_a_sync_call_whose_commit_moved_to_the_lasting_loop_still_refuses_to_wait_on_its_loop() -> None:
+    """Loop L holds the shard's process lock and makes a synchronous write (a bridge
+    serves it); a writer on loop M joins that batch, so it commits in the lasting loop.
+    The commit needs L's lock: both get SyncCallError, as L alone does, not a hang."""
+    m_joined = threading.Event()
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        if key == "other":  # (under way until M has joined: "k"'s batch is no lone write)
+            while not m_joined.is_set():
+                await asyncio.sleep(0.001)
+            return
+        async with process_lock("scope", key):
+            pass
+
+    def both(target: Any, updates: Updates) -> bool:
+        return {1, 2} <= set(updates)
+
+    queue: CommitQueue[Any] = CommitQueue(commit, both, lambda: 100, linger_s=PATIENCE_S)
+    got: dict[str, str] = {}
+    other_open = threading.Event()
+
+    async def loop_l() -> None:
+        await asyncio.to_thread(other_open.wait, PATIENCE_S)
+        async with process_lock("scope", "k"):
+            try:
+                sync_bridge.run(queue.submit("k", "t", {1: [b"L"]}))  # blocks L
+                got["L"] = "ok"
+            except SyncCallError:
+                got["L"] = "SyncCallError"
+
+    async def loop_m() -> None:
+        other = asyncio.ensure_future(queue.submit("other", "t", {1: [b"x"]}))
+        assert await asyncio.to_thread(lambda: _wait_for(lambda: queue._committing == 1))
+        other_open.set()
+        assert await asyncio.to_thread(lambda: _wait_for(lambda: "k" in queue._pending))
+        join = asyncio.ensure_future(queue.submit("k", "t", {2: [b"M"]}))  # L's batch: both
+        await spin(2)
+        m_joined.set()
+        try:
+            await join
+            got["M"] = "ok"
+        except SyncCallError:
+            got["M"] = "SyncCallError"
+        await other
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        one = _run_in_thread(pool, loop_l)
+        two = _run_in_thread(pool, loop_m)
+        one.result(PATIENCE_S)
+        two.result(PATIENCE_S)
+    assert got == {"L": "SyncCallError", "M": "SyncCallError"}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="asyncio.eager_task_factory is new in Python 3.12")
+def test_a_loop_with_eager_tasks_commits() -> None:
+    """An eager task runs its first step when made: the batch's task is made once the
+    queue's lock is released (it takes that lock itself)."""
+    calls: list[Updates] = []
+
+    async def commit(key: str, target: Any, updates: Updates) -> None:
+        calls.append(dict(updates))
+
+    queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined,unused-ignore]
+        await within(queue.submit("k", "t", {1: [b"x"]}), PATIENCE_S)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, main()).result(PATIENCE_S)
+    assert calls == [{1: [b"x"]}]
 
 
 async def test_waking_a_batch_whose_loop_has_closed_is_harmless() -> None:

@@ -27,14 +27,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import contextvars
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from shardstore.sync_bridge import refuse_to_wait
+from shardstore.sync_bridge import context_serving, refuse_to_wait, serving
 from shardstore.tasks import lasting_loop, spawn
 from shardstore.writing.updates import ShardUpdates, Update, merge_updates
 
@@ -74,6 +73,9 @@ class _Batch(Generic[T]):
     grew: asyncio.Event | None = None
     waiting: Counter[asyncio.AbstractEventLoop] = field(default_factory=Counter)
     """Writers still waiting for ``done``, by their loop."""
+    serving: set[asyncio.AbstractEventLoop] = field(default_factory=set)
+    """The loops whose synchronous calls its writers serve (see sync_bridge): a commit
+    moved to the lasting loop serves them all, so that it still refuses to wait on one."""
 
     def wake(self) -> None:
         """Tell a lingering batch it grew. Called outside the queue's lock, so the
@@ -123,6 +125,7 @@ class CommitQueue(Generic[T]):
     async def submit(self, shard_key: str, target: T, updates: Mapping[int, list[Update]]) -> None:
         """Apply ``updates`` (position -> updates in order) to a shard; returns once committed."""
         loop = asyncio.get_running_loop()
+        opened: tuple[_Batch[T], _Batch[T] | None] | None = None
         with self._lock:
             batch = self._pending.get(shard_key)
             if batch is None:
@@ -132,14 +135,17 @@ class CommitQueue(Generic[T]):
                 batch = self._pending[shard_key] = _Batch(target, loop)
                 self._tail[shard_key] = batch
                 self._busy += 1
-                self._start(shard_key, batch, previous)
+                opened = batch, previous
             else:
                 refuse_to_wait(batch.loop, shard_key, "a pending write to its shard")
             batch.target = target
             batch.writers += 1
             batch.waiting[loop] += 1
+            batch.serving.update(serving())
             merge_updates(batch.updates, updates)
             to_wake = [batch, *self._fullest_if_all_waiting()]
+        if opened is not None:  # (outside the lock: an eager task factory runs its first step at once)
+            self._start(shard_key, *opened)
         for b in to_wake:
             b.wake()
         try:
@@ -256,7 +262,7 @@ class CommitQueue(Generic[T]):
         else:
             heir.call_soon_threadsafe(
                 lambda: spawn(self._commit_and_tell(shard_key, batch, previous)),
-                context=contextvars.Context(),
+                context=context_serving(batch.serving),
             )
 
     async def _commit_and_tell(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
@@ -287,28 +293,31 @@ class CommitQueue(Generic[T]):
                 batch.loop = heir
             else:
                 heir = None
-                if self._pending.get(shard_key) is batch:
-                    del self._pending[shard_key]
+                self._forget_locked(shard_key, batch, previous)  # (before done: see _forget)
         if heir is not None:
             heir.call_soon_threadsafe(
-                lambda: self._start(shard_key, batch, previous, resumed=True), context=contextvars.Context()
+                lambda: self._start(shard_key, batch, previous, resumed=True),
+                context=context_serving(batch.serving),
             )
             return
         batch.done.set_exception(asyncio.CancelledError())
-        self._forget(shard_key, batch, previous)
 
     def _forget(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
-        """``batch`` is over: the shard's next batch waits no more for it (but still for
-        ``previous``, if this one ended before it)."""
         with self._lock:
-            self._busy -= 1
-            if self._pending.get(shard_key) is batch:
-                del self._pending[shard_key]
-            if self._tail.get(shard_key) is batch:
-                if previous is not None and not previous.done.done():
-                    self._tail[shard_key] = previous
-                else:
-                    del self._tail[shard_key]
+            self._forget_locked(shard_key, batch, previous)
+
+    def _forget_locked(self, shard_key: str, batch: _Batch[T], previous: _Batch[T] | None) -> None:
+        """``batch`` is over: the shard's next batch waits no more for it, but still for
+        ``previous`` if this one ended first (so done before ``batch.done`` is set where
+        ``previous`` may be under way, or a writer could slip in behind it alone)."""
+        self._busy -= 1
+        if self._pending.get(shard_key) is batch:
+            del self._pending[shard_key]
+        if self._tail.get(shard_key) is batch:
+            if previous is not None and not previous.done.done():
+                self._tail[shard_key] = previous
+            else:
+                del self._tail[shard_key]
 
 
 def _waited_elsewhere(batch: _Batch[Any], here: asyncio.AbstractEventLoop) -> bool:
