@@ -10,6 +10,7 @@ gets new ones for the next.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,13 +46,23 @@ class Writers:
         try:
             return [p.get(timeout_s) for p in pending]
         except BaseException:
-            self.close()  # a process may be stuck in its call: the next race gets new ones
+            for p in pending:  # the others' calls end too (an expected error: all raise it)
+                p.wait(timeout_s)
+            if not all(p.ready() for p in pending):
+                self.close()  # a process is stuck in its call: the next race gets new ones
             raise
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-        if self._manager is not None:
-            self._manager.shutdown()
+        """Stop the processes. ``Pool.terminate`` can hang joining its own handler
+        threads (seen on Python 3.11): then the workers are killed by PID instead."""
+        pool, manager = self._pool, self._manager
         self._pool = self._manager = None
+        if pool is not None:
+            stopper = threading.Thread(target=lambda: (pool.terminate(), pool.join()), daemon=True)
+            stopper.start()
+            stopper.join(30)
+            if stopper.is_alive():
+                for process in list(pool._pool):
+                    process.kill()
+        if manager is not None:
+            manager.shutdown()
