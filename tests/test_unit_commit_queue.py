@@ -670,12 +670,14 @@ def test_an_abandoned_batch_hands_its_shard_back_to_the_batch_ahead_before_faili
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         ahead = _run_in_thread(pool, lambda: queue.submit("k", "t", {0: [b"x"]}))
-        assert _wait_for(lambda: "k" in queue._tail and "k" not in queue._pending)  # X commits
-        x = queue._tail["k"]
-        asyncio.run(behind())
-        assert seen[1] is x  # when Y failed, the shard was X's again
-        gate.set()
+        try:
+            assert _wait_for(lambda: "k" in queue._tail and "k" not in queue._pending)  # X commits
+            x = queue._tail["k"]
+            asyncio.run(behind())
+        finally:
+            gate.set()
         ahead.result(PATIENCE_S)
+    assert seen[1] is x  # when Y failed, the shard was X's again
     assert "k" not in queue._tail and queue._busy == 0
 
 
