@@ -400,14 +400,9 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
     queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
 
     async def loop_one() -> int:
-        async def later() -> None:
-            await asyncio.to_thread(b_joined.wait, PATIENCE_S)
-            c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))
-            await spin(2)
-            c_joined.set()
-            await c
-
-        await asyncio.gather(queue.submit("k", "t", {0: [b"a"]}), later())
+        await asyncio.gather(
+            queue.submit("k", "t", {0: [b"a"]}), _c_joins_batch_two(queue, b_joined, c_joined)
+        )
         return threading.get_ident()
 
     async def loop_two() -> int:
@@ -430,6 +425,17 @@ def test_writers_on_two_event_loops_are_serialised_and_merged() -> None:
     # batch one on its loop; batch two, which writers on both loops wait for, in the lasting loop
     assert calls[0][0] == thread_one and calls[1][0] not in (thread_one, thread_two)
     assert max_in_flight == 1
+
+
+async def _c_joins_batch_two(
+    queue: CommitQueue[Any], b_joined: threading.Event, c_joined: threading.Event
+) -> None:
+    """Writer c, on this loop, joins batch two once b has opened it on the other loop."""
+    await asyncio.to_thread(b_joined.wait, PATIENCE_S)
+    c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))
+    await spin(2)
+    c_joined.set()
+    await c
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
@@ -457,15 +463,10 @@ def test_cancelled_writer_on_another_loop_does_not_cancel_the_shared_commit() ->
     queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
 
     async def loop_one() -> list[BaseException | None]:
-        async def later() -> None:
-            await asyncio.to_thread(b_joined.wait, PATIENCE_S)
-            c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))  # joins batch two
-            await spin(2)
-            c_joined.set()
-            await c
-
         a = queue.submit("k", "t", {0: [b"a"]})
-        return list(await asyncio.gather(a, later(), return_exceptions=True))
+        return list(
+            await asyncio.gather(a, _c_joins_batch_two(queue, b_joined, c_joined), return_exceptions=True)
+        )
 
     async def loop_two() -> None:
         # the lost batch leaves a "Future exception was never retrieved" behind: keep it quiet
@@ -506,15 +507,12 @@ def test_a_commit_waited_for_on_another_loop_is_not_cut_off_by_the_end_of_its_ow
     queue: CommitQueue[Any] = CommitQueue(commit, never_ready, lambda: 100, linger_s=0.005)
 
     async def loop_one() -> list[BaseException | None]:
-        async def later() -> None:
-            await asyncio.to_thread(b_joined.wait, PATIENCE_S)
-            c = asyncio.ensure_future(queue.submit("k", "t", {2: [b"c"]}))
-            await spin(2)
-            c_joined.set()
-            await c
-
         return list(
-            await asyncio.gather(queue.submit("k", "t", {0: [b"a"]}), later(), return_exceptions=True)
+            await asyncio.gather(
+                queue.submit("k", "t", {0: [b"a"]}),
+                _c_joins_batch_two(queue, b_joined, c_joined),
+                return_exceptions=True,
+            )
         )
 
     async def loop_two() -> None:

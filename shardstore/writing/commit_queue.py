@@ -15,9 +15,11 @@ goes first. A lone write never lingers.
 
 Batches are signalled with thread-safe futures, so writers on different
 event loops (or threads) are ordered and merged just the same. A batch's
-commit runs on the loop of the writer that opened it; if that loop ends first
-(its ``asyncio.run`` cancels what is left) while writers on other loops still
-wait, the commit is carried on in shardstore's lasting loop. A synchronous
+commit runs on the loop of the writer that opened it, unless writers on other
+loops wait for it too: then in shardstore's lasting loop, so that the end of
+the opener's loop (its ``asyncio.run`` cancels what is left) cuts nothing off.
+A batch whose loop ends before its commit begins goes on there for such
+writers, or fails its own. A synchronous
 write made inside a running loop cannot wait for a batch that runs on that
 loop: it raises :class:`~shardstore.errors.SyncCallError` instead.
 """
@@ -248,15 +250,10 @@ class CommitQueue(Generic[T]):
         except asyncio.CancelledError:
             self._abandoned(shard_key, batch, previous)
             raise
-        here = asyncio.get_running_loop()
         with self._lock:
             if self._pending.get(shard_key) is batch:
                 del self._pending[shard_key]  # from now on, writers start the next batch
-            heir = lasting_loop() if _waited_elsewhere(batch, here) else None
-            if heir is not None and heir is not here:
-                batch.loop = heir  # (where it runs from now on: see refuse_to_wait)
-            else:
-                heir = None
+            heir = _heir(batch)
         if heir is None:
             await self._commit_and_tell(shard_key, batch, previous)
         else:
@@ -286,14 +283,10 @@ class CommitQueue(Generic[T]):
         began. While a writer on another loop waits for it, it goes on in the lasting
         loop; otherwise it fails with CancelledError (its writers were all on this
         loop) and nobody joins it any more."""
-        here = asyncio.get_running_loop()
         with self._lock:
-            heir = lasting_loop() if _waited_elsewhere(batch, here) else None
-            if heir is not None and heir is not here:
-                batch.loop = heir
-            else:
-                heir = None
-                self._forget_locked(shard_key, batch, previous)  # (before done: see _forget)
+            heir = _heir(batch)
+            if heir is None:
+                self._forget_locked(shard_key, batch, previous)  # (before done is set: see there)
         if heir is not None:
             heir.call_soon_threadsafe(
                 lambda: self._start(shard_key, batch, previous, resumed=True),
@@ -320,9 +313,19 @@ class CommitQueue(Generic[T]):
                 del self._tail[shard_key]
 
 
-def _waited_elsewhere(batch: _Batch[Any], here: asyncio.AbstractEventLoop) -> bool:
-    """Whether a writer on another loop than ``here`` waits for ``batch``."""
-    return any(n > 0 for loop, n in batch.waiting.items() if loop is not here)
+def _heir(batch: _Batch[Any]) -> asyncio.AbstractEventLoop | None:
+    """The lasting loop, where ``batch`` goes on from now on (it becomes its ``loop``,
+    for refuse_to_wait), when a writer on another loop than the running one waits for
+    it; None when none does, when running there already, or once exit has begun.
+    Called under the queue's lock."""
+    here = asyncio.get_running_loop()
+    if not any(n > 0 for loop, n in batch.waiting.items() if loop is not here):
+        return None
+    heir = lasting_loop()
+    if heir is None or heir is here:
+        return None
+    batch.loop = heir
+    return heir
 
 
 async def _behind(previous: _Batch[Any]) -> None:
