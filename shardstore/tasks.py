@@ -177,9 +177,9 @@ _exiting = False
 
 def lasting_loop() -> asyncio.AbstractEventLoop | None:
     """An event loop of shardstore's own, running in a daemon thread until exit, for
-    work that must outlive the loop that started it: a shard commit that writers on
-    other loops wait for, when the loop running it ends (its ``asyncio.run`` over).
-    None at exit, when what is left is cancelled, not carried on."""
+    work that must not end with the loop that started it (its ``asyncio.run`` over):
+    a shard commit that writers on other loops wait for. None at exit, when what is
+    left is cancelled, not carried on."""
     global _lasting
     with _lock:
         if _exiting:

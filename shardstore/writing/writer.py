@@ -290,26 +290,13 @@ class ShardWriter:
 
     def _start(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
         """Commit a shard the batch held, as a task of the running loop. However it ends,
-        even cancelled with its loop before its first step, the batch hears of it
-        (its end waits for every shard it started)."""
+        even cancelled with its loop (before its first step, too), the batch hears of
+        it: its end waits for every shard it started."""
 
         def ended(task: asyncio.Task[None]) -> None:
-            if not held.done.done():  # (cancelled before its first step)
-                buffer.finished(held, _cut_off(held.shard_key))
+            buffer.finished(held, _cut_off(held.shard_key) if task.cancelled() else task.exception())
 
-        spawn(self._commit_held(buffer, held)).add_done_callback(ended)
-
-    async def _commit_held(self, buffer: WriteBuffer[_Job], held: Held[_Job]) -> None:
-        try:
-            await self._queue.submit(held.shard_key, held.target, held.updates)
-        except BaseException as exc:  # (also cancelled: its loop ended)
-            buffer.finished(
-                held, _cut_off(held.shard_key) if isinstance(exc, asyncio.CancelledError) else exc
-            )
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            buffer.finished(held, None)
+        spawn(self._queue.submit(held.shard_key, held.target, held.updates)).add_done_callback(ended)
 
     @staticmethod
     async def _settle(buffer: WriteBuffer[_Job]) -> None:
