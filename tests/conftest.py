@@ -39,6 +39,7 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(config.getoption("hypothesis_profile", None) or "repeatable")
 
+
 InnerFactory = Callable[[Path], Any]
 
 INNERS: dict[str, InnerFactory] = {

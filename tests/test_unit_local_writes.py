@@ -1,10 +1,20 @@
 """A local file written from pieces (a shard's index and chunks, not joined): every byte
-in order, whatever ``writev`` takes at a time, and the same object the format builds."""
+in order, whatever ``writev`` takes at a time, and the same object the format builds.
+A shard commit writes its new shard into the shard's lock file and renames that onto
+the shard: one file made per commit, a failed one leaves the shard as it was, what a
+killed writer left in a lock file is never served, and a writer that waited on a lock
+that became the shard takes a new one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +24,7 @@ from hypothesis import strategies as st
 import shardstore.inner.local as local_module
 from shardstore.formats.indexed.format import IndexedFormat
 from shardstore.inner.local import LocalInner
+from shardstore.inner.locks import file_lock, lock_path
 
 
 class _ShortWrites:
@@ -74,3 +85,99 @@ def test_a_shards_pieces_are_the_object_it_builds(index_location: str) -> None:
         bytes(chunks[p]) for p in sorted(chunks)
     ]  # the chunks themselves, in place order
     assert fmt.split(fmt.build(chunks), "k") == {p: bytes(c) for p, c in chunks.items()}
+
+
+_made: list[list[str]] = []  # (the files made while a test counts; audit hooks stay for good)
+
+
+def _count_made(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and _made and isinstance(args[2], int) and args[2] & os.O_CREAT:
+        _made[-1].append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_count_made)
+
+
+@contextlib.contextmanager
+def _files_made() -> Iterator[list[str]]:
+    _made.append([])
+    try:
+        yield _made[-1]
+    finally:
+        _made.pop()
+
+
+def test_a_commit_makes_one_file_its_lock_which_becomes_the_shard(tmp_path: Path) -> None:
+    inner, shard = LocalInner(tmp_path), tmp_path / "shard"
+    for new in (b"first", b"second, longer"):  # a new shard, then one replaced
+        with _files_made() as made:
+            inner._update(shard, lambda old, new=new: new, True)
+        assert made == [str(lock_path(shard))]
+        assert shard.read_bytes() == new
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["shard"]
+
+
+def test_a_failed_commit_leaves_the_shard_as_it_was_and_no_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inner, shard = LocalInner(tmp_path), tmp_path / "shard"
+    inner._update(shard, lambda old: b"kept", True)
+    monkeypatch.setattr(local_module, "os", _ShortWrites(0, 1))  # the disk takes nothing
+    with pytest.raises(OSError, match="wrote nothing"):
+        inner._update(shard, lambda old: [b"lost" * 100, b"more"], True)
+    monkeypatch.undo()
+    assert shard.read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard"]
+
+
+def test_what_a_killed_writer_left_in_a_lock_file_is_never_served(tmp_path: Path) -> None:
+    inner, shard = LocalInner(tmp_path), tmp_path / "shard"
+    inner._update(shard, lambda old: b"committed", True)
+    lock_path(shard).write_bytes(b"x" * 5000)  # filled, then killed before its rename
+    seen: list[bytes | None] = []
+
+    def change(old: bytes | None) -> bytes:
+        seen.append(old)
+        return b"next"
+
+    inner._update(shard, change, True)
+    assert seen == [b"committed"]  # the shard as committed, not the lock file's bytes
+    assert shard.read_bytes() == b"next"  # no tail of the longer leftover
+    assert not lock_path(shard).exists()
+
+
+def _waiting_on(fd: int) -> bool:
+    """Whether some flock waits on the file open at ``fd`` (``/proc/locks``: a waiter's
+    line has ``->``; the file is ``major:minor:inode``)."""
+    inode = os.fstat(fd).st_ino
+    with open("/proc/locks") as locks:
+        return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in locks)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
+def test_a_writer_waiting_on_a_lock_that_became_the_shard_takes_a_new_lock(tmp_path: Path) -> None:
+    shard = tmp_path / "shard"
+    seen: dict[str, int] = {}
+    took, done = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        took.wait(30)
+        with file_lock(shard) as held:
+            seen["held"], seen["named"] = os.fstat(held.fd).st_ino, os.stat(held.path).st_ino
+            seen["shard"] = os.stat(shard).st_ino
+        done.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    with file_lock(shard) as held:
+        took.set()
+        deadline = time.monotonic() + 30
+        while not _waiting_on(held.fd):  # the waiter blocks on this very file
+            assert time.monotonic() < deadline, "the waiter never waited on the lock"
+            time.sleep(0.001)
+        os.write(held.fd, b"new")
+        held.become(shard)
+        assert not held.path.exists()
+    assert done.wait(30)
+    assert seen["held"] == seen["named"] != seen["shard"]  # a new lock file, not the shard
+    assert shard.read_bytes() == b"new" and not lock_path(shard).exists()

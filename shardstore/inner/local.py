@@ -7,7 +7,7 @@ import contextlib
 import fcntl
 import os
 import uuid
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from pathlib import Path
 from stat import S_ISDIR
 
@@ -45,6 +45,16 @@ def _write_pieces(fd: int, pieces: list[bytes | memoryview]) -> None:
             first += 1
         if written:  # a piece written in part: the rest of it next
             views[first] = views[first][written:]
+
+
+def _replacing(path: Path, rename: Callable[[], object]) -> None:
+    """``rename()``, a rename onto ``path``: an empty directory there, left by another
+    layout, is removed first (never one with files)."""
+    try:
+        rename()
+    except IsADirectoryError:
+        path.rmdir()
+        rename()
 
 
 def journal_path(path: Path | str) -> Path:
@@ -221,11 +231,7 @@ class LocalInner(InnerStore):
                         raise
                     with contextlib.suppress(FileExistsError):  # made meanwhile (see file_lock)
                         path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.replace(tmp, path)
-            except IsADirectoryError:
-                path.rmdir()  # an empty directory left by another layout; never one with files
-                os.replace(tmp, path)
+            _replacing(path, lambda: os.replace(tmp, path))
             replaced = True
         finally:
             if not replaced:
@@ -267,14 +273,17 @@ class LocalInner(InnerStore):
         return errors
 
     def _update(self, path: Path, change: Change, read_old: bool) -> None:
-        with file_lock(path):
+        with file_lock(path) as held:
             old = self._read(path, None) if read_old else None  # as committed
             new = change(old)
             if new is None:
                 if old is not None or not read_old:
                     path.unlink(missing_ok=True)
-            elif new is not UNCHANGED:
-                self._write(path, new)
+            elif new is not UNCHANGED:  # written into the lock file, which becomes the object
+                if held.size:  # (what a writer that died before its rename left there)
+                    os.ftruncate(held.fd, 0)
+                _write_pieces(held.fd, new if isinstance(new, list) else [new])
+                _replacing(path, lambda: held.become(path))
             if new is not UNCHANGED:  # a crashed append's journal ends with the file it named
                 journal_path(path).unlink(missing_ok=True)
         if new is None:

@@ -11,7 +11,12 @@ turns here:
   ``flock`` on a hidden lock file beside it (``.<name>.lock``). The kernel
   drops the lock when its holder dies, so a killed writer never blocks the
   next one; a lock file left behind is taken like a new one, and the holder
-  removes it on release so that shards are not doubled by lock files.
+  removes it on release so that shards are not doubled by lock files. A holder
+  that replaces the object writes the new version into the lock file itself and
+  renames it onto the object (:meth:`HeldLock.become`): one file created per
+  commit, not two (a create is the costly step on many file systems: about
+  100 us serialised across a whole ext4 file system here, a server round trip on
+  NFS or Lustre).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 
 from shardstore.sync_bridge import refuse_to_wait
 
-__all__ = ["file_lock", "lock_path", "process_lock"]
+__all__ = ["HeldLock", "file_lock", "lock_path", "process_lock"]
 
 
 class _Lock:
@@ -72,18 +77,36 @@ def lock_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.lock")
 
 
+class HeldLock:
+    """The lock file of an object, open and locked by its holder."""
+
+    def __init__(self, fd: int, path: Path, size: int) -> None:
+        self.fd, self.path, self.moved = fd, path, False
+        self.size = size
+        """Bytes in the lock file when taken: a writer that died after filling it."""
+
+    def become(self, target: Path) -> None:
+        """Rename the lock file, which the holder has filled with the object's new
+        version, onto the object: the lock's name is gone, as on release, so waiters
+        retry on a new one; the holder keeps the lock until it closes the file."""
+        os.replace(self.path, target)
+        self.moved = True
+
+
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[HeldLock]:
     """Hold the exclusive lock of the local object at ``path`` (blocking).
 
     The lock is the lock file's inode, so after taking it the holder checks
     that the name still leads to that inode: an earlier holder may have
-    removed it on release (then the lock is retaken on the new file). Parent
-    directories are created as needed, again if a concurrent delete prunes them."""
+    removed it on release, or renamed it onto the object (then the lock is
+    retaken on the new file). Parent directories are created as needed, again
+    if a concurrent delete prunes them. The file is made as a new object would be
+    (its mode by the umask): it may become the object."""
     lock = lock_path(path)
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except FileNotFoundError:
             # Path.mkdir(parents=True) can raise FileExistsError when another writer
             # creates the directory meanwhile (or prunes it): look again either way
@@ -92,7 +115,8 @@ def file_lock(path: Path) -> Iterator[None]:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+            held = os.fstat(fd)
+            if held.st_ino == os.stat(lock).st_ino:
                 break
         except FileNotFoundError:  # removed by the previous holder: take the new one
             pass
@@ -100,10 +124,12 @@ def file_lock(path: Path) -> Iterator[None]:
             os.close(fd)
             raise
         os.close(fd)
+    handle = HeldLock(fd, lock, held.st_size)
     try:
-        yield
+        yield handle
     finally:
         try:
-            os.unlink(lock)  # still holding it: waiters find the name gone and retry
+            if not handle.moved:
+                os.unlink(lock)  # still holding it: waiters find the name gone and retry
         finally:
             os.close(fd)
