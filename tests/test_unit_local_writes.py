@@ -3,11 +3,13 @@ in order, whatever ``writev`` takes at a time, and the same object the format bu
 A shard commit writes its new shard into the shard's lock file and renames that onto
 the shard: one file made per commit, a failed one leaves the shard as it was, what a
 killed writer left in a lock file is never served, and a writer that waited on a lock
-that became the shard takes a new one."""
+that became the shard takes a new one; a lock file the writer did not make never
+becomes the shard, and a child forked meanwhile does not keep the shard locked."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import sys
 import threading
@@ -128,6 +130,60 @@ def test_a_failed_commit_leaves_the_shard_as_it_was_and_no_lock_file(
     monkeypatch.undo()
     assert shard.read_bytes() == b"kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard"]
+
+
+def test_a_lock_file_another_process_made_never_becomes_the_shard(tmp_path: Path) -> None:
+    """The shard a commit writes is its writer's, made with its umask, whoever made
+    the lock file it took (another process, another user, another umask)."""
+    inner, shard = LocalInner(tmp_path), tmp_path / "shard"
+    lock_path(shard).touch(mode=0o600)  # (made, then left or released, by someone else)
+    os.chmod(lock_path(shard), 0o600)
+    umask = os.umask(0o022)
+    try:
+        with _files_made() as made:
+            inner._update(shard, lambda old: b"mine", True)
+    finally:
+        os.umask(umask)
+    assert shard.read_bytes() == b"mine" and not lock_path(shard).exists()
+    assert shard.stat().st_mode & 0o777 == 0o644
+    assert len(made) == 2 and made[0] == str(lock_path(shard))  # the lock tried, then a temporary file
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_child_forked_during_a_commit_does_not_keep_the_shard_locked(tmp_path: Path) -> None:
+    """A child forked while a commit holds the lock shares the lock file's open file,
+    which becomes the shard: the lock is released for the child too."""
+    inner, shard = LocalInner(tmp_path), tmp_path / "shard"
+    inside, go_on = threading.Event(), threading.Event()
+
+    def change(old: bytes | None) -> bytes:
+        inside.set()
+        assert go_on.wait(30)
+        return b"new"
+
+    committing = threading.Thread(target=inner._update, args=(shard, change, True))
+    committing.start()
+    assert inside.wait(30)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: holds what it inherited until told to go
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        go_on.set()
+        committing.join(30)
+        assert shard.read_bytes() == b"new"
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as a reader of its index takes it
+        finally:
+            os.close(fd)
+    finally:
+        os.close(write_end)
+        os.waitpid(child, 0)
 
 
 def test_what_a_killed_writer_left_in_a_lock_file_is_never_served(tmp_path: Path) -> None:

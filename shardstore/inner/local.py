@@ -360,11 +360,11 @@ class LocalInner(InnerStore):
             if new is None:
                 if old is not None or not read_old:
                     path.unlink(missing_ok=True)
-            elif new is not UNCHANGED:  # written into the lock file, which becomes the object
-                if held.size:  # (what a writer that died before its rename left there)
-                    os.ftruncate(held.fd, 0)
+            elif new is not UNCHANGED and held.fresh:  # into the lock file, which becomes the object
                 _write_pieces(held.fd, new if isinstance(new, list) else [new])
                 _replacing(path, lambda: held.become(path))
+            elif new is not UNCHANGED:  # (a lock file another process made, or a dead writer left)
+                self._write(path, new)
             if new is not UNCHANGED:  # a crashed append's journal ends with the file it named
                 journal_path(path).unlink(missing_ok=True)
         if new is None:

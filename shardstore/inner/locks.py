@@ -12,11 +12,11 @@ turns here:
   drops the lock when its holder dies, so a killed writer never blocks the
   next one; a lock file left behind is taken like a new one, and the holder
   removes it on release so that shards are not doubled by lock files. A holder
-  that replaces the object writes the new version into the lock file itself and
-  renames it onto the object (:meth:`HeldLock.become`): one file created per
-  commit, not two (a create is the costly step on many file systems: about
-  100 us serialised across a whole ext4 file system here, a server round trip on
-  NFS or Lustre).
+  that made the lock file and replaces the object writes the new version into
+  the lock file itself and renames it onto the object (:meth:`HeldLock.become`):
+  one file created per commit, not two (a create is the costly step on many file
+  systems: about 100 us serialised across a whole ext4 file system here, a
+  server round trip on NFS or Lustre).
 """
 
 from __future__ import annotations
@@ -78,19 +78,36 @@ def lock_path(path: Path) -> Path:
 
 
 class HeldLock:
-    """The lock file of an object, open and locked by its holder."""
+    """The lock file of an object, open and locked by its holder; ``fresh`` if the
+    holder made it (then it is empty: no other writer fills a lock file)."""
 
-    def __init__(self, fd: int, path: Path, size: int) -> None:
-        self.fd, self.path, self.moved = fd, path, False
-        self.size = size
-        """Bytes in the lock file when taken: a writer that died after filling it."""
+    def __init__(self, fd: int, path: Path, fresh: bool) -> None:
+        self.fd, self.path, self.fresh, self.moved = fd, path, fresh, False
 
     def become(self, target: Path) -> None:
-        """Rename the lock file, which the holder has filled with the object's new
-        version, onto the object: the lock's name is gone, as on release, so waiters
-        retry on a new one; the holder keeps the lock until it closes the file."""
+        """Rename the lock file, fresh and filled by the holder with the object's new
+        version, onto the object (a lock file another process made would give the
+        object that process's owner and mode): the lock's name is gone, as on
+        release, so waiters retry on a new one. The holder releases the lock when it
+        leaves :func:`file_lock`."""
+        if not self.fresh:
+            raise ValueError(f"{self.path}: a lock file this holder did not make cannot become {target}")
         os.replace(self.path, target)
         self.moved = True
+
+
+def _open_lock(lock: Path) -> tuple[int, bool]:
+    """The lock file open, and whether this call made it (FileNotFoundError: no
+    directory for it)."""
+    while True:
+        try:
+            return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(lock, os.O_RDWR | os.O_CLOEXEC), False
+        except FileNotFoundError:  # released meanwhile: make it afresh
+            continue
 
 
 @contextlib.contextmanager
@@ -101,12 +118,15 @@ def file_lock(path: Path) -> Iterator[HeldLock]:
     that the name still leads to that inode: an earlier holder may have
     removed it on release, or renamed it onto the object (then the lock is
     retaken on the new file). Parent directories are created as needed, again
-    if a concurrent delete prunes them. The file is made as a new object would be
-    (its mode by the umask): it may become the object."""
+    if a concurrent delete prunes them. A lock file is made as a new object would
+    be (its mode by the umask): it may become the object. The lock is released
+    explicitly, not by closing the file alone: a child forked meanwhile shares the
+    open file, and would otherwise hold the lock, on what may now be the object,
+    for as long as it lives."""
     lock = lock_path(path)
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd, made = _open_lock(lock)
         except FileNotFoundError:
             # Path.mkdir(parents=True) can raise FileExistsError when another writer
             # creates the directory meanwhile (or prunes it): look again either way
@@ -124,12 +144,13 @@ def file_lock(path: Path) -> Iterator[HeldLock]:
             os.close(fd)
             raise
         os.close(fd)
-    handle = HeldLock(fd, lock, held.st_size)
+    handle = HeldLock(fd, lock, made and held.st_size == 0)
     try:
         yield handle
     finally:
         try:
             if not handle.moved:
                 os.unlink(lock)  # still holding it: waiters find the name gone and retry
+            fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)

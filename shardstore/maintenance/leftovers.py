@@ -14,9 +14,8 @@ if TYPE_CHECKING:
 LEFTOVERS = {
     "appending": "append journal of {obj!r}: an append to it is running, or crashed; shardstore "
     "serves the shard as committed and the next write to it repairs it",
-    "lock": "lock file of {obj!r}: a writer of it is running, or died holding it (with part of the "
-    "new version it was writing, never read); the next writer takes it over and removes it or "
-    "renames its own new version onto the object",
+    "lock": "lock file of {obj!r}: a writer of it is running, or died holding it (perhaps with part "
+    "of the new version it was writing, never read); the next writer takes it over and removes it",
     "partial": "temporary file of a write to {obj!r} that is running, or died before its rename: "
     "never read; delete it when no writer runs",
 }
