@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,10 @@ from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 import shardstore.inner.local as local_module
 from shardstore.inner.local import BULKY_BYTES, LocalInner
 
-pytestmark = pytest.mark.skipif(local_module._NOWAIT is None, reason="no RWF_NOWAIT here")
+pytestmark = pytest.mark.skipif(
+    local_module._NOWAIT is None or not local_module.on_local_disk(tempfile.gettempdir()),
+    reason="no RWF_NOWAIT here, or the temporary directory is on no local disk",
+)
 
 
 def _hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -152,3 +156,16 @@ def test_a_file_system_that_cannot_tell_what_would_wait_is_read_by_threads(
     assert _read(inner, _batch(written)) == _want(written)
     assert _read(inner, _batch(written)) == _want(written)
     assert hops == ["read", "read"] and not inner._at_once
+
+
+def test_off_a_local_disk_every_batch_is_read_by_a_thread(
+    files: tuple[LocalInner, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(An open on NFS, Lustre or a FUSE file system may wait on a server.)"""
+    _, written = files
+    monkeypatch.setattr(local_module, "on_local_disk", lambda path: False)
+    inner = LocalInner(tmp_path)
+    _read(inner, _batch(written))
+    hops = _hops(monkeypatch)
+    assert _read(inner, _batch(written)) == _want(written)
+    assert hops == ["read"]

@@ -27,6 +27,7 @@ from shardstore.inner.base import (
     is_temporary,
 )
 from shardstore.inner.locks import file_lock
+from shardstore.inner.mounts import on_local_disk
 from shardstore.tasks import in_threads
 
 _IOV_MAX = max(os.sysconf("SC_IOV_MAX"), 16)
@@ -147,7 +148,7 @@ class LocalInner(InnerStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
         self._root = os.fspath(self.root)
-        self._at_once = _NOWAIT is not None
+        self._at_once = _NOWAIT is not None and on_local_disk(self._root)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalInner) and self.root == other.root
@@ -206,7 +207,8 @@ class LocalInner(InnerStore):
         in all): how many were read. A batch that takes longer than AT_ONCE_SLOW_S
         anyway (opening files on a slow file system) ends this for the store: its
         reads go to a worker thread from then on, as they do where the file system
-        cannot tell what would wait."""
+        cannot tell what would wait, and off local disks (an open there may wait on a
+        server: see :mod:`~shardstore.inner.mounts`)."""
         began, left = time.monotonic(), BULKY_BYTES
         for k, (key, byte_range) in enumerate(requests):
             try:
