@@ -59,10 +59,10 @@ one write(): what a Python program that knows the layout costs at least);
 with the same options as the s3fs the URL gets: what the client library costs).
 
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
-else per operation; best of --repeats: default 2 locally, 1 on S3, 1 with
+else per operation; the median of --repeats: default 3 locally, 1 on S3, 1 with
 --quick; locally each after a sync(), so that no variant is throttled by the
-writeback of the pages others wrote), its ratios to the codec's, zarrs' and
-tensorstore's, requests, MiB read and MiB written per operation (from the last
+writeback of the pages others wrote), the best of them, the median's ratios to
+the codec's, zarrs' and tensorstore's medians, requests, MiB read and MiB written per operation (from the last
 repeat), "peak MiB" (the most the process's resident memory grew during the
 operation, sampled every 2 ms in one more, untimed repeat; it includes the
 array a read returns), and on S3 with
@@ -89,6 +89,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -545,7 +546,8 @@ def _same(got: np.ndarray, want: np.ndarray) -> None:
 class Cell:
     workload: str
     variant: str
-    seconds: float | None = None
+    seconds: float | None = None  # the median of the repeats
+    best: float | None = None
     counts: tuple[float, float, float] | None = None
     peak: float | None = None  # bytes the resident memory grew at most (last repeat)
     note: str = ""
@@ -666,7 +668,7 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
         return cell
     try:
         with v.context():  # around open and operation alike
-            best = float("inf")
+            times: list[float] = []
             made: list[str] = []  # the new arrays its repeats wrote
             for _ in range(repeats):
                 timed = setup(job, v, workload)
@@ -675,14 +677,14 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
                 before = meter() if meter else None
                 t0 = time.perf_counter()
                 timed.action()
-                best = min(best, (time.perf_counter() - t0) / timed.ops)
+                times.append((time.perf_counter() - t0) / timed.ops)
                 if meter is not None and before is not None:
                     (r1, b1, w1), (r0, b0, w0) = meter(), before
                     cell.counts = ((r1 - r0) / timed.ops, (b1 - b0) / timed.ops, (w1 - w0) / timed.ops)
                 if timed.check:
                     timed.check()
                 _discard_spent(job, v, workload, made, timed.path)
-            cell.seconds = best
+            cell.seconds, cell.best = statistics.median(times), min(times)
             timed = setup(job, v, workload)
             with PeakMemory() as memory:
                 timed.action()
@@ -729,7 +731,7 @@ def run(b: Backend, ds: Dataset, n_reads: int, n_updates: int, repeats: int) -> 
 def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: int, repeats: int) -> None:
     latency = b.latency_s if isinstance(b, S3Backend) else 0.0
     print(f"\n## {b.title} · {ds.describe()}")
-    notes = [f"seconds best of {repeats}", f"cold/warm chunk: per read ({n_reads} reads)"]
+    notes = [f"seconds: median of {repeats}", f"cold/warm chunk: per read ({n_reads} reads)"]
     if "1-chunk update" in ds.workloads:
         notes += [
             f"1-chunk update: per update ({n_updates})",
@@ -737,8 +739,8 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
         ]
     print("   " + "; ".join(notes))
     head = (
-        f"{'workload':<18} {'variant':<14} {'seconds':>9} {'vs codec':>8} {'vs zarrs':>8} {'vs ts':>8}"
-        f" {'requests/op':>11}"
+        f"{'workload':<18} {'variant':<14} {'seconds':>9} {'best':>9}"
+        f" {'vs codec':>8} {'vs zarrs':>8} {'vs ts':>8} {'requests/op':>11}"
     )
     head += f" {'MiB read/op':>11} {'MiB written/op':>14} {'peak MiB':>8}"
     head += f" {'round trips':>11}" if latency else ""
@@ -768,7 +770,8 @@ def report(b: Backend, ds: Dataset, cells: list[Cell], n_reads: int, n_updates: 
             counts = f"{requests:11.2f} {read / MiB:11.4f} {written / MiB:14.4f}"
         peak = f" {c.peak / MiB:8.1f}" if c.peak is not None else f" {'-':>8}"
         trips = f" {c.seconds / latency:11.1f}" if latency else ""
-        print(f"{label} {c.seconds:9.5f} {ratio} {counts}{peak}{trips}")
+        best = f"{c.best:9.5f}" if c.best is not None else f"{'-':>9}"
+        print(f"{label} {c.seconds:9.5f} {best} {ratio} {counts}{peak}{trips}")
 
 
 DATASETS = ("main", "big", "raw", "cube", "tiny")
@@ -784,7 +787,7 @@ def main() -> None:
         "--latency-ms", type=float, default=20.0, help="added to every S3 request (0 allowed)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=None, help="best of (default: 2 local, 1 on S3; 1 with --quick)"
+        "--repeats", type=int, default=None, help="median of (default: 3 local, 1 on S3; 1 with --quick)"
     )
     parser.add_argument("--size", type=int, default=None, help="side of the main array (default 2048)")
     parser.add_argument(
@@ -798,7 +801,7 @@ def main() -> None:
         parser.error(f"--datasets: unknown {sorted(chosen - set(DATASETS))}; choose from {DATASETS}")
     if args.size is not None and (args.size <= 0 or args.size % 512):
         parser.error("--size must be a positive multiple of 512 (a shard of the main array)")
-    repeats = args.repeats or (1 if args.quick else 2)
+    repeats = args.repeats or (1 if args.quick else 3)
     s3_repeats = args.repeats or 1  # S3 times are mostly the added latency, which does not vary
     side = args.size or (1024 if args.quick else 2048)
     main_ds = Dataset("main", (side, side), (64, 64), (8, 8), "auto", READS + WRITES)
