@@ -13,6 +13,7 @@ from shardstore.reading import reader
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
+from shardstore.inner.s3 import CONNECTIONS, s3_storage_options
 from shardstore.testing.s3 import LocalS3
 
 from .helpers import later_clock
@@ -92,6 +93,30 @@ def test_whole_array_read_is_one_get_per_shard(s3: LocalS3, strategy: str) -> No
     np.testing.assert_array_equal(arr[:], np.arange(256 * 256, dtype="f4").reshape(256, 256))
     assert s3.counts["HEAD"] == 0
     assert s3.counts["GET"] <= 4 + 1  # 4 shards, and the array's metadata
+
+
+def test_a_store_opened_by_url_has_its_requests_in_flight_together(s3: LocalS3) -> None:
+    """A read of 16 shards sends 16 requests at once: all are in flight together
+    (botocore keeps 10 connections unless told otherwise: six would wait a round trip)."""
+    arr = zarr.create_array(_store(s3, "pool.zarr"), name="a", shape=(512, 512), chunks=(32, 32), dtype="f4")
+    arr[:] = 1  # (16 shards of 4 x 4 chunks)
+    fresh = zarr.open_array(_store(s3, "pool.zarr", read_strategy="shard"), path="a", zarr_format=3)
+    s3.reset()
+    s3.latency_s = 0.2  # (each request held long enough for the others to arrive)
+    try:
+        assert (fresh[:] == 1).all()
+    finally:
+        s3.latency_s = 0.0
+    assert s3.counts["GET"] == 16
+    assert s3.most_in_flight > 10
+
+
+def test_s3_storage_options_keep_a_pool_size_the_user_set() -> None:
+    ours = s3_storage_options("s3://bucket/a.zarr", {"anon": True})
+    assert ours == {"anon": True, "config_kwargs": {"max_pool_connections": CONNECTIONS}}
+    mine = {"config_kwargs": {"max_pool_connections": 4, "connect_timeout": 9}}
+    assert s3_storage_options("s3://bucket/a.zarr", mine) == mine
+    assert s3_storage_options("gs://bucket/a.zarr", {"token": "anon"}) == {"token": "anon"}
 
 
 def test_listing_and_erasing_on_s3(s3: LocalS3) -> None:

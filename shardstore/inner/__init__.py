@@ -38,7 +38,7 @@ from shardstore.inner.fsspec_fs import FsspecInner
 from shardstore.inner.gcs import GCSInner, is_gcs
 from shardstore.inner.icechunk import IcechunkInner, is_icechunk
 from shardstore.inner.local import LocalInner
-from shardstore.inner.s3 import S3Inner, is_s3
+from shardstore.inner.s3 import S3Inner, is_s3, s3_storage_options
 from shardstore.inner.zarr_store import MappingInner, ZarrInner
 
 if TYPE_CHECKING:  # obstore is optional: ObstoreInner is imported on first use (__getattr__)
@@ -75,7 +75,8 @@ def adapt(inner: Any, storage_options: dict[str, Any] | None = None) -> InnerSto
     if isinstance(inner, InnerStore):
         return inner
     if isinstance(inner, str | os.PathLike):
-        fs, root = fsspec.url_to_fs(str(inner), **(storage_options or {}))
+        url = str(inner)
+        fs, root = fsspec.url_to_fs(url, **s3_storage_options(url, storage_options or {}))
         return _from_fs(fs, root)
     if storage_options:
         raise TypeError("storage_options only apply when the inner store is given as a URL")

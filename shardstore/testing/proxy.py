@@ -71,18 +71,34 @@ def _free_port() -> int:
 
 @dataclass
 class Traffic:
-    """Requests through the proxy, by method and by ``"METHOD /path"``, and bytes."""
+    """Requests through the proxy, by method and by ``"METHOD /path"``, bytes, and the
+    most requests it served at once (a client's concurrency)."""
 
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     paths: collections.Counter[str] = field(default_factory=collections.Counter)
     latency_s: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
+    in_flight: int = 0
+    most_in_flight: int = 0
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:
         self.counts.clear()
         self.paths.clear()
-        self.bytes_up = self.bytes_down = 0
+        self.bytes_up = self.bytes_down = self.most_in_flight = 0
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """One request in flight for the duration."""
+        with self._guard:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._guard:
+                self.in_flight -= 1
 
     @property
     def requests(self) -> int:
@@ -138,9 +154,12 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
             traffic.counts[self.command] += 1
             traffic.paths[f"{self.command} {self.path.split('?')[0]}"] += 1
             traffic.bytes_up += len(body or b"")
-            if traffic.latency_s:
-                time.sleep(traffic.latency_s)
-            status, headers, data = guard(self.command, self.path, dict(self.headers.items()), body, forward)
+            with traffic.serving():
+                if traffic.latency_s:
+                    time.sleep(traffic.latency_s)
+                status, headers, data = guard(
+                    self.command, self.path, dict(self.headers.items()), body, forward
+                )
             traffic.bytes_down += len(data)
             self.send_response_only(status)  # the upstream's Server and Date, not a second pair
             for k, v in headers:
