@@ -110,7 +110,8 @@ _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 
 class _WouldWait(Exception):
     """A read on the caller's thread that would wait: for the disk, for a lock, or to read
-    more than it may; ``always`` where the file system cannot say (no ``RWF_NOWAIT``)."""
+    more than it may; ``always`` where the file system cannot say (``RWF_NOWAIT``
+    unsupported)."""
 
     def __init__(self, always: bool = False) -> None:
         self.always = always
@@ -121,8 +122,9 @@ def _pread(fd: int, n: int, offset: int, at_once: int | None) -> bytes:
     what the page cache holds whole and ``at_once`` bytes at most, else _WouldWait."""
     if at_once is None:
         return os.pread(fd, n, offset)
-    if n > at_once or _NOWAIT is None:
-        raise _WouldWait(_NOWAIT is None)
+    assert _NOWAIT is not None  # (no read is made at once without it: see LocalInner)
+    if n > at_once:
+        raise _WouldWait()
     buf = bytearray(n)
     try:
         got = os.preadv(fd, [buf], offset, _NOWAIT) if n else 0
@@ -362,11 +364,12 @@ class LocalInner(InnerStore):
             if new is None:
                 if old is not None or not read_old:
                     path.unlink(missing_ok=True)
-            elif new is not UNCHANGED and held.fresh:  # into the lock file, which becomes the object
-                _write_pieces(held.fd, new if isinstance(new, list) else [new])
-                _replacing(path, lambda: held.become(path))
-            elif new is not UNCHANGED:  # (a lock file another process made, or a dead writer left)
-                self._write(path, new)
+            elif new is not UNCHANGED:
+                if held.fresh:  # written into the lock file, which becomes the object
+                    _write_pieces(held.fd, new if isinstance(new, list) else [new])
+                    _replacing(path, lambda: held.become(path))
+                else:  # (a lock file another process made, or a dead writer left)
+                    self._write(path, new)
             if new is not UNCHANGED:  # a crashed append's journal ends with the file it named
                 journal_path(path).unlink(missing_ok=True)
         if new is None:
