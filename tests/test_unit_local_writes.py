@@ -186,6 +186,53 @@ def test_a_child_forked_during_a_commit_does_not_keep_the_shard_locked(tmp_path:
         os.waitpid(child, 0)
 
 
+@pytest.mark.skipif(
+    not (hasattr(os, "fork") and os.path.exists("/proc/locks")), reason="needs fork, /proc/locks"
+)
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_child_forked_while_a_writer_waits_does_not_keep_the_shard_locked(tmp_path: Path) -> None:
+    """A waiter on a lock file that became the shard takes the lock on the shard, sees
+    the name gone, and lets go: for a child forked while it waited too (the child
+    shares the waiter's open file)."""
+    shard = tmp_path / "shard"
+    took, done = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        took.wait(30)
+        with file_lock(shard):
+            pass
+        done.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    child = None
+    with file_lock(shard) as held:
+        took.set()
+        deadline = time.monotonic() + 30
+        while not _waiting_on(held.fd):  # the waiter blocks on this very file
+            assert time.monotonic() < deadline, "the waiter never waited on the lock"
+            time.sleep(0.001)
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: holds what it inherited until told to go
+            os.close(write_end)
+            os.read(read_end, 1)
+            os._exit(0)
+        os.close(read_end)
+        os.write(held.fd, b"new")
+        held.become(shard)
+    try:
+        assert done.wait(30)
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as a reader of its index takes it
+        finally:
+            os.close(fd)
+    finally:
+        os.close(write_end)
+        os.waitpid(child, 0)
+
+
 def test_what_a_killed_writer_left_in_a_lock_file_is_never_served(tmp_path: Path) -> None:
     inner, shard = LocalInner(tmp_path), tmp_path / "shard"
     inner._update(shard, lambda old: b"committed", True)

@@ -282,15 +282,18 @@ class LocalInner(InnerStore):
                 fcntl.flock(fd, fcntl.LOCK_SH if at_once is None else fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise _WouldWait() from None
-            stat = os.fstat(fd)
-            version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            size = committed_size(path, stat)
-            if size != stat.st_size:
-                version = None
-            if byte_range is None:
-                return _pread(fd, size, 0, at_once), version
-            start = max(size - byte_range.suffix, 0)
-            return _pread(fd, size - start, start, at_once), version
+            try:
+                stat = os.fstat(fd)
+                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                size = committed_size(path, stat)
+                if size != stat.st_size:
+                    version = None
+                if byte_range is None:
+                    return _pread(fd, size, 0, at_once), version
+                start = max(size - byte_range.suffix, 0)
+                return _pread(fd, size - start, start, at_once), version
+            finally:  # (released, not only closed: a child forked meanwhile shares the file)
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
@@ -435,22 +438,30 @@ class LocalInner(InnerStore):
             with f:
                 fd = f.fileno()
                 fcntl.flock(fd, fcntl.LOCK_EX)
-                journal = journal_path(path)
-                stat = os.fstat(fd)
-                size = committed_size(path, stat)
-                if size != stat.st_size:
-                    os.ftruncate(fd, size)
-                journal.unlink(missing_ok=True)  # ours, now applied, or another file's
-                payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
-                if payload:
-                    journal.write_text(f"{stat.st_ino} {size}")
-                    try:
-                        os.pwrite(fd, payload, size)
-                    except BaseException:
-                        os.ftruncate(fd, size)
-                        raise
-                    journal.unlink()
+                try:
+                    self._append_locked(path, fd, build)
+                finally:  # (released, not only closed: a child forked meanwhile shares the file)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         return True
+
+    @staticmethod
+    def _append_locked(path: Path, fd: int, build: AppendBuilder) -> None:
+        """The append itself, under both locks (see :meth:`_append`)."""
+        journal = journal_path(path)
+        stat = os.fstat(fd)
+        size = committed_size(path, stat)
+        if size != stat.st_size:
+            os.ftruncate(fd, size)
+        journal.unlink(missing_ok=True)  # ours, now applied, or another file's
+        payload = build(size, lambda start, stop: os.pread(fd, stop - start, start))
+        if payload:
+            journal.write_text(f"{stat.st_ino} {size}")
+            try:
+                os.pwrite(fd, payload, size)
+            except BaseException:
+                os.ftruncate(fd, size)
+                raise
+            journal.unlink()
 
     def _children(self, prefix: str) -> list[str]:
         """One directory level; subdirectories only if some file lies below them."""

@@ -89,7 +89,8 @@ class HeldLock:
         version, onto the object (a lock file another process made would give the
         object that process's owner and mode): the lock's name is gone, as on
         release, so waiters retry on a new one. The holder releases the lock when it
-        leaves :func:`file_lock`."""
+        leaves :func:`file_lock`; until then its lock is on the object itself, so a
+        reader's shared lock or an appender's waits for the holder to finish."""
         if not self.fresh:
             raise ValueError(f"{self.path}: a lock file this holder did not make cannot become {target}")
         os.replace(self.path, target)
@@ -141,9 +142,9 @@ def file_lock(path: Path) -> Iterator[HeldLock]:
         except FileNotFoundError:  # removed by the previous holder: take the new one
             pass
         except BaseException:
-            os.close(fd)
+            _unlock_and_close(fd)
             raise
-        os.close(fd)
+        _unlock_and_close(fd)  # (a lock file gone, or now the object itself)
     handle = HeldLock(fd, lock, made and held.st_size == 0)
     try:
         yield handle
@@ -151,6 +152,14 @@ def file_lock(path: Path) -> Iterator[HeldLock]:
         try:
             if not handle.moved:
                 os.unlink(lock)  # still holding it: waiters find the name gone and retry
-            fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            os.close(fd)
+            _unlock_and_close(fd)
+
+
+def _unlock_and_close(fd: int) -> None:
+    """Release the flock held on ``fd``, if any, and close it: closing alone leaves the
+    lock to a child forked meanwhile, which shares the open file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
