@@ -149,6 +149,50 @@ def test_a_lock_file_another_process_made_never_becomes_the_shard(tmp_path: Path
     assert len(made) == 2 and made[0] == str(lock_path(shard))  # the lock tried, then a temporary file
 
 
+def _waiting_on(fd: int) -> bool:
+    """Whether some flock waits on the file open at ``fd`` (``/proc/locks``: a waiter's
+    line has ``->``; the file is ``major:minor:inode``)."""
+    inode = os.fstat(fd).st_ino
+    with open("/proc/locks") as locks:
+        return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in locks)
+
+
+def _until_waiting_on(fd: int) -> None:
+    """Wait (30 s at most) until another thread's flock waits on the file open at ``fd``."""
+    deadline = time.monotonic() + 30
+    while not _waiting_on(fd):  # the waiter blocks on this very file
+        assert time.monotonic() < deadline, "the waiter never waited on the lock"
+        time.sleep(0.001)
+
+
+@contextlib.contextmanager
+def _forked_child() -> Iterator[None]:
+    """A child forked now, holding what it inherited (open files, their locks) until the
+    block ends."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: holds what it inherited until told to go
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        yield
+    finally:
+        os.close(write_end)
+        os.waitpid(child, 0)
+
+
+def _take_shared_lock_at_once(shard: Path) -> None:
+    """Take and drop the shared lock a reader of the shard's index takes; BlockingIOError
+    if someone holds it locked."""
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_child_forked_during_a_commit_does_not_keep_the_shard_locked(tmp_path: Path) -> None:
@@ -165,25 +209,11 @@ def test_a_child_forked_during_a_commit_does_not_keep_the_shard_locked(tmp_path:
     committing = threading.Thread(target=inner._update, args=(shard, change, True))
     committing.start()
     assert inside.wait(30)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # the child: holds what it inherited until told to go
-        os.close(write_end)
-        os.read(read_end, 1)
-        os._exit(0)
-    os.close(read_end)
-    try:
+    with _forked_child():
         go_on.set()
         committing.join(30)
         assert shard.read_bytes() == b"new"
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as a reader of its index takes it
-        finally:
-            os.close(fd)
-    finally:
-        os.close(write_end)
-        os.waitpid(child, 0)
+        _take_shared_lock_at_once(shard)
 
 
 @pytest.mark.skipif(
@@ -205,32 +235,15 @@ def test_a_child_forked_while_a_writer_waits_does_not_keep_the_shard_locked(tmp_
 
     thread = threading.Thread(target=waiter, daemon=True)
     thread.start()
-    child = None
-    with file_lock(shard) as held:
-        took.set()
-        deadline = time.monotonic() + 30
-        while not _waiting_on(held.fd):  # the waiter blocks on this very file
-            assert time.monotonic() < deadline, "the waiter never waited on the lock"
-            time.sleep(0.001)
-        read_end, write_end = os.pipe()
-        child = os.fork()
-        if child == 0:  # the child: holds what it inherited until told to go
-            os.close(write_end)
-            os.read(read_end, 1)
-            os._exit(0)
-        os.close(read_end)
-        os.write(held.fd, b"new")
-        held.become(shard)
-    try:
+    with contextlib.ExitStack() as child:
+        with file_lock(shard) as held:
+            took.set()
+            _until_waiting_on(held.fd)
+            child.enter_context(_forked_child())
+            os.write(held.fd, b"new")
+            held.become(shard)
         assert done.wait(30)
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # as a reader of its index takes it
-        finally:
-            os.close(fd)
-    finally:
-        os.close(write_end)
-        os.waitpid(child, 0)
+        _take_shared_lock_at_once(shard)
 
 
 def test_what_a_killed_writer_left_in_a_lock_file_is_never_served(tmp_path: Path) -> None:
@@ -247,14 +260,6 @@ def test_what_a_killed_writer_left_in_a_lock_file_is_never_served(tmp_path: Path
     assert seen == [b"committed"]  # the shard as committed, not the lock file's bytes
     assert shard.read_bytes() == b"next"  # no tail of the longer leftover
     assert not lock_path(shard).exists()
-
-
-def _waiting_on(fd: int) -> bool:
-    """Whether some flock waits on the file open at ``fd`` (``/proc/locks``: a waiter's
-    line has ``->``; the file is ``major:minor:inode``)."""
-    inode = os.fstat(fd).st_ino
-    with open("/proc/locks") as locks:
-        return any("->" in line and line.split()[-3].endswith(f":{inode}") for line in locks)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
@@ -274,10 +279,7 @@ def test_a_writer_waiting_on_a_lock_that_became_the_shard_takes_a_new_lock(tmp_p
     thread.start()
     with file_lock(shard) as held:
         took.set()
-        deadline = time.monotonic() + 30
-        while not _waiting_on(held.fd):  # the waiter blocks on this very file
-            assert time.monotonic() < deadline, "the waiter never waited on the lock"
-            time.sleep(0.001)
+        _until_waiting_on(held.fd)
         os.write(held.fd, b"new")
         held.become(shard)
         assert not held.path.exists()
