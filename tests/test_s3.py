@@ -111,6 +111,18 @@ def test_a_store_opened_by_url_has_its_requests_in_flight_together(s3: LocalS3) 
     assert s3.most_in_flight > 10
 
 
+def test_a_shard_write_sends_its_body_without_waiting_for_a_go_ahead(s3: LocalS3) -> None:
+    """Each shard PUT and its body go in one round trip: botocore asks for ``Expect:
+    100-continue`` (a round trip more) on the bytes it turns into a file object."""
+    arr = zarr.create_array(_store(s3, "ahead.zarr"), name="a", shape=(256, 256), chunks=(32, 32), dtype="f4")
+    s3.reset()
+    arr[:] = np.arange(256 * 256, dtype="f4").reshape(256, 256)  # new shards: If-None-Match
+    arr[:] = 7  # replaced ones: If-Match
+    assert dict(s3.counts) == {"PUT": 8}
+    assert s3.continues == 0
+    assert (zarr.open_array(_store(s3, "ahead.zarr"), path="a", zarr_format=3)[:] == 7).all()
+
+
 def test_s3_storage_options_keep_a_pool_size_the_user_set() -> None:
     ours = s3_storage_options("s3://bucket/a.zarr", {"anon": True})
     assert ours == {"anon": True, "config_kwargs": {"max_pool_connections": CONNECTIONS}}

@@ -72,6 +72,16 @@ def _warm_session(fs: Any) -> None:
             fs.session = session
 
 
+def _whole(value: bytes) -> bytearray:
+    """A PUT's body as botocore sends it in one piece, with the request. Bytes it
+    turns into a file object, and a file object costs (1) ``Expect: 100-continue``:
+    a round trip to the server before the body goes, and (2) aiohttp sending it 64 KiB
+    per event-loop turn, so that with 16 PUTs under way each body waited until every
+    other request was signed (a 16 MiB write: the first body reached the server after
+    95 ms, not 40). A bytearray (one copy, 0.03 ms a MiB) it leaves as it is."""
+    return bytearray(value)
+
+
 def _status(exc: BaseException) -> int | None:
     """The HTTP status behind s3fs's translation of a botocore error."""
     response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
@@ -146,7 +156,8 @@ class S3Inner(VersionedReads, FsspecInner):
                 if value is None:
                     await fs._call_s3("delete_object", Bucket=bucket, Key=name, **condition)
                 else:
-                    await fs._call_s3("put_object", Bucket=bucket, Key=name, Body=value, **condition)
+                    body = _whole(value)
+                    await fs._call_s3("put_object", Bucket=bucket, Key=name, Body=body, **condition)
             finally:
                 fs.invalidate_cache(path)
 

@@ -71,8 +71,10 @@ def _free_port() -> int:
 
 @dataclass
 class Traffic:
-    """Requests through the proxy, by method and by ``"METHOD /path"``, bytes, and the
-    most requests it served at once (a client's concurrency)."""
+    """Requests through the proxy, by method and by ``"METHOD /path"``, bytes, the
+    most requests it served at once (a client's concurrency), and the requests that
+    asked for the server's go-ahead before sending their body (``Expect:
+    100-continue``: a round trip more, which the latency is added to)."""
 
     counts: collections.Counter[str] = field(default_factory=collections.Counter)
     paths: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -81,12 +83,18 @@ class Traffic:
     bytes_down: int = 0
     in_flight: int = 0
     most_in_flight: int = 0
+    continues: int = 0
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def reset(self) -> None:
         self.counts.clear()
         self.paths.clear()
-        self.bytes_up = self.bytes_down = self.most_in_flight = 0
+        self.bytes_up = self.bytes_down = self.most_in_flight = self.continues = 0
+
+    def asked_ahead(self) -> None:
+        """One request waited for the go-ahead to send its body."""
+        with self._guard:
+            self.continues += 1
 
     @contextmanager
     def serving(self) -> Iterator[None]:
@@ -147,6 +155,12 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
 
         def log_message(self, *args: Any) -> None:  # quiet
             pass
+
+        def handle_expect_100(self) -> bool:
+            """The go-ahead a client waits for before its body: a round trip away."""
+            traffic.asked_ahead()
+            time.sleep(traffic.latency_s)
+            return super().handle_expect_100()
 
         def _serve(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
