@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Iterator
+from typing import Any
 
+import fsspec
+import fsspec.asyn
 import numpy as np
 import pytest
 import zarr
@@ -14,6 +19,7 @@ from shardstore.reading import reader
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 from shardstore.inner.s3 import CONNECTIONS, s3_storage_options
+from shardstore.testing.proxy import server_process
 from shardstore.testing.s3 import LocalS3
 
 from .helpers import later_clock
@@ -122,6 +128,80 @@ def test_a_shard_write_sends_its_body_without_waiting_for_a_go_ahead(s3: LocalS3
     assert s3.counts["PUT"] == 2 + 8  # the metadata (unconditional), the shards twice
     assert s3.continues == 0
     assert (zarr.open_array(_store(s3, "ahead.zarr"), path="a", zarr_format=3)[:] == 7).all()
+
+
+@pytest.fixture(scope="module")
+def https_s3() -> Iterator[str]:
+    """moto_server over HTTPS (a certificate of its own) on 127.0.0.1, with a bucket:
+    its endpoint. Over HTTPS botocore sends a checksum it computes in a trailer."""
+    command = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-s", "-p"]
+    with server_process(lambda port: [*command, str(port)], "moto_server (https)", timeout_s=30) as port:
+        endpoint = f"https://127.0.0.1:{port}"
+        _s3fs(endpoint).mkdir("shardstore")
+        yield endpoint
+
+
+def _s3fs(endpoint: str, **config: str) -> Any:
+    return fsspec.filesystem(
+        "s3",
+        key="testing",
+        secret="testing",
+        client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1", "verify": False},
+        config_kwargs=config,
+        skip_instance_cache=True,
+    )
+
+
+def _puts_sent(fs: Any, path: str) -> list[tuple[type, dict[str, str]]]:
+    """Write an array of 4 shards through ``fs``: each PUT's body type and headers, as sent."""
+    sent: list[tuple[type, dict[str, str]]] = []
+    fsspec.asyn.sync(fs.loop, fs.set_session)
+    fs.s3.meta.events.register(
+        "before-send.s3.PutObject",
+        lambda request, **_: sent.append((type(request.body), dict(request.headers))),
+    )
+    store = ShardingStore(fs.get_mapper(f"shardstore/{path}"), chunks_per_shard=(4, 4))
+    arr = zarr.create_array(store, name="a", shape=(256, 256), chunks=(32, 32), dtype="f4")
+    arr[:] = np.arange(256 * 256, dtype="f4").reshape(256, 256)
+    reread = zarr.open_array(
+        ShardingStore(fs.get_mapper(f"shardstore/{path}"), (4, 4)), path="a", zarr_format=3
+    )
+    np.testing.assert_array_equal(reread[:], np.arange(256 * 256).reshape(256, 256))
+    return sent
+
+
+def test_over_https_a_put_sends_its_body_whole_with_its_checksum_in_a_header(https_s3: str) -> None:
+    """(Not in a trailer, the body streamed in chunks as a file, as botocore sends a
+    checksum it computes itself over HTTPS.)"""
+    sent = _puts_sent(_s3fs(https_s3), "https.zarr")
+    assert len(sent) == 2 + 4  # the metadata, the shards
+    for body, headers in sent:
+        assert body is bytearray
+        assert "Transfer-Encoding" not in headers and "Expect" not in headers
+        assert "x-amz-checksum-crc32" in headers
+
+
+def test_a_client_that_computes_checksums_only_when_required_gets_none(https_s3: str) -> None:
+    """(Some S3-compatible stores refuse them: users set ``when_required`` for those.)"""
+    fs = _s3fs(https_s3, request_checksum_calculation="when_required")
+    sent = _puts_sent(fs, "when-required.zarr")
+    assert len(sent) == 2 + 4
+    for body, headers in sent:
+        assert body is bytearray
+        assert not any(name.lower().startswith("x-amz-checksum") for name in headers)
+
+
+def test_a_first_write_into_a_bucket_not_there_makes_it_as_s3fs_does(s3: LocalS3) -> None:
+    """(s3fs makes a bucket where the region allows: not us-east-1, which takes no
+    location constraint.)"""
+    options = {
+        **s3.storage_options,
+        "client_kwargs": {"endpoint_url": s3.endpoint_url, "region_name": "eu-west-1"},
+    }
+    store = ShardingStore("s3://made-on-write/arr.zarr", (4, 4), storage_options=options)
+    arr = zarr.create_array(store, name="a", shape=(64, 64), chunks=(32, 32), dtype="f4")
+    arr[:] = 3
+    assert (zarr.open_array(store, path="a", zarr_format=3)[:] == 3).all()
 
 
 def test_s3_storage_options_keep_a_pool_size_the_user_set() -> None:

@@ -151,8 +151,8 @@ class Capabilities:
     """The new value a change gives :meth:`InnerStore.update` may be any contiguous
     bytes-like object (a ``memoryview``), or a list of them to write one after
     another (:func:`written_nbytes`), written as it is: a shard built in place, or
-    an index and its chunks, then need no copy into one ``bytes`` (local files).
-    Elsewhere it is always ``bytes``."""
+    an index and its chunks, then need no copy into one ``bytes`` (local files; S3
+    copies them once into the body it sends). Elsewhere it is always ``bytes``."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a

@@ -12,15 +12,18 @@ was replaced since. Every other operation is plain fsspec.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import threading
+import zlib
 from collections.abc import Hashable
 from typing import Any, TypeVar
 
 import fsspec
 from zarr.abc.store import ByteRequest
 
+from shardstore.errors import InnerStoreError
 from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, VersionedReads, failure
 from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
@@ -33,6 +36,10 @@ CONNECTIONS = 64
 10): as many as the requests one read or write of many chunks sends at once (a
 request per shard, for up to 32 shards a group; a write commits groups side by
 side). With 10, a 16-shard whole write waited a round trip more for connections."""
+
+
+PARTS_FROM_BYTES = 100 << 20
+"""Values s3fs's ``pipe_file`` uploads in parts (twice its 50 MiB part), not in one PUT."""
 
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
@@ -73,15 +80,29 @@ def _warm_session(fs: Any) -> None:
             fs.session = session
 
 
-def _whole(value: bytes | memoryview | list[bytes | memoryview]) -> bytearray:
-    """A PUT's body as botocore sends it in one piece, with the request. Bytes it
-    turns into a file object, and a file object costs (1) ``Expect: 100-continue``:
-    a round trip to the server before the body goes, and (2) aiohttp sending it 64 KiB
-    per event-loop turn, so that with 16 PUTs under way each body waited until every
-    other request was signed (a 16 MiB write: the first body reached the server after
-    95 ms, not 40). A bytearray it leaves as it is; the shard's buffer or pieces are
-    copied into it once, as they were joined into bytes before (``writes_buffers``)."""
-    return bytearray().join(value) if isinstance(value, list) else bytearray(value)
+Written = bytes | memoryview | list[bytes | memoryview]
+"""A new value ``write_if`` takes: bytes, or a shard's buffer or pieces (``writes_buffers``)."""
+
+
+def _put_body(fs: Any, client: Any, value: Written) -> dict[str, Any]:
+    """A PUT's body as botocore sends it in one piece, with the request: a bytearray
+    (the shard's buffer or pieces copied into it once, as they were joined into bytes
+    before), with its CRC32 where botocore would compute one.
+
+    Bytes botocore turns into a file object, which costs (1) ``Expect: 100-continue``:
+    a round trip to the server before the body goes; (2) aiohttp sending it 64 KiB per
+    event-loop turn, so that with 16 PUTs under way each body waited until every other
+    request was signed (a 16 MiB write: the first body reached the server after 95 ms,
+    not 40). And over HTTPS a checksum botocore computes itself goes in a trailer, the
+    body streamed again as a file in chunks, after one more copy: given, it goes in a
+    header. (Not where the client computes checksums only when required, for stores
+    that take none, or where the user named another algorithm.)"""
+    body = bytearray().join(value) if isinstance(value, list) else bytearray(value)
+    checksums = getattr(client.meta.config, "request_checksum_calculation", None) == "when_supported"
+    if not checksums or "ChecksumAlgorithm" in (getattr(fs, "s3_additional_kwargs", None) or {}):
+        return {"Body": body}
+    crc = zlib.crc32(body).to_bytes(4, "big")
+    return {"Body": body, "ChecksumCRC32": base64.b64encode(crc).decode("ascii")}
 
 
 def _status(exc: BaseException) -> int | None:
@@ -103,7 +124,7 @@ class S3Inner(VersionedReads, FsspecInner):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = dataclasses.replace(CONDITIONAL, writes_buffers=True)  # (see _whole)
+        self.capabilities = dataclasses.replace(CONDITIONAL, writes_buffers=True)  # (see _put_body)
 
     async def _prepare(self, fs: fsspec.AbstractFileSystem) -> None:
         if getattr(fs, "session", False) is None and getattr(fs, "_s3", False) is None:
@@ -145,10 +166,19 @@ class S3Inner(VersionedReads, FsspecInner):
             return result
 
     async def set(self, key: str, value: bytes) -> None:
-        """One PUT, as a shard's (s3fs's ``pipe_file`` asks for the go-ahead first)."""
-        await self.write_if(key, value, ANY_VERSION)
+        """One PUT, as a shard's (s3fs's ``pipe_file`` asks for the go-ahead first); by
+        ``pipe_file`` a value it uploads in parts, and one for a bucket not there yet
+        (which it makes, where it may)."""
+        if len(value) < PARTS_FROM_BYTES:
+            try:
+                await self.write_if(key, value, ANY_VERSION)
+                return
+            except InnerStoreError as exc:
+                if not isinstance(exc.__cause__, FileNotFoundError):
+                    raise
+        await super().set(key, value)
 
-    async def write_if(self, key: str, value: bytes | None, version: Hashable) -> bool:
+    async def write_if(self, key: str, value: Written | None, version: Hashable) -> bool:
         path = self._path(key)
         bucket, name, _ = self.fs.split_path(path)
         condition: dict[str, Any] = {}
@@ -162,8 +192,8 @@ class S3Inner(VersionedReads, FsspecInner):
                 if value is None:
                     await fs._call_s3("delete_object", Bucket=bucket, Key=name, **condition)
                 else:
-                    body = _whole(value)
-                    await fs._call_s3("put_object", Bucket=bucket, Key=name, Body=body, **condition)
+                    body = _put_body(fs, await fs.set_session(), value)
+                    await fs._call_s3("put_object", Bucket=bucket, Key=name, **body, **condition)
             finally:
                 fs.invalidate_cache(path)
 
