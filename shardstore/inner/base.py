@@ -41,7 +41,12 @@ ANY_VERSION = "<any>"
 _TEMPORARY = re.compile(r"\..+\.(?:[0-9a-f]{32}\.partial|appending|lock)")
 
 
-def written_nbytes(value: bytes | memoryview | list[bytes | memoryview]) -> int:
+Written: TypeAlias = bytes | memoryview | list[bytes | memoryview]
+"""A new value a change gives: bytes, or where the store says ``Capabilities.writes_buffers``
+any buffer, or a list of them to write one after another."""
+
+
+def written_nbytes(value: Written) -> int:
     """The bytes of a new value a change gives (a list: its pieces, one after another;
     see ``Capabilities.writes_buffers``)."""
     if isinstance(value, list):

@@ -24,7 +24,15 @@ import fsspec
 from zarr.abc.store import ByteRequest
 
 from shardstore.errors import InnerStoreError
-from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, VersionedReads, failure
+from shardstore.inner.base import (
+    ANY_VERSION,
+    CONDITIONAL,
+    NOT_MODIFIED,
+    STALE,
+    VersionedReads,
+    Written,
+    failure,
+)
 from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
 __all__ = ["CONNECTIONS", "S3Inner", "is_s3", "s3_storage_options"]
@@ -78,10 +86,6 @@ def _warm_session(fs: Any) -> None:
         with contextlib.suppress(Exception):  # s3fs will try again, and say what fails
             asyncio.run(load(session), debug=False)
             fs.session = session
-
-
-Written = bytes | memoryview | list[bytes | memoryview]
-"""A new value ``write_if`` takes: bytes, or a shard's buffer or pieces (``writes_buffers``)."""
 
 
 def _put_body(fs: Any, client: Any, value: Written) -> dict[str, Any]:
