@@ -23,6 +23,7 @@ from shardstore.inner.base import (
     Capabilities,
     Change,
     InnerStore,
+    Written,
     failure,
     is_temporary,
 )
@@ -302,7 +303,7 @@ class LocalInner(InnerStore):
             await asyncio.to_thread(self._write, self._path(key), value)
 
     @staticmethod
-    def _write(path: Path, value: bytes | memoryview | list[bytes | memoryview]) -> None:
+    def _write(path: Path, value: Written) -> None:
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
         replaced = False
         try:
