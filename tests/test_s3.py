@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
 from shardstore.inner.s3 import CONNECTIONS, s3_storage_options
 from shardstore.testing.proxy import server_process
-from shardstore.testing.s3 import LocalS3
+from shardstore.testing.s3 import MOTO_SERVER, LocalS3
 
 from .helpers import later_clock
 
@@ -134,8 +133,9 @@ def test_a_shard_write_sends_its_body_without_waiting_for_a_go_ahead(s3: LocalS3
 def https_s3() -> Iterator[str]:
     """moto_server over HTTPS (a certificate of its own) on 127.0.0.1, with a bucket:
     its endpoint. Over HTTPS botocore sends a checksum it computes in a trailer."""
-    command = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-s", "-p"]
-    with server_process(lambda port: [*command, str(port)], "moto_server (https)", timeout_s=30) as port:
+    with server_process(
+        lambda port: [*MOTO_SERVER, "-s", "-p", str(port)], "moto_server (https)", timeout_s=30
+    ) as port:
         endpoint = f"https://127.0.0.1:{port}"
         _s3fs(endpoint).mkdir("shardstore")
         yield endpoint

@@ -17,7 +17,11 @@ from typing import Any
 
 from shardstore.testing.proxy import Traffic, proxied, server_process
 
-__all__ = ["LocalS3", "local_s3"]
+__all__ = ["MOTO_SERVER", "LocalS3", "local_s3"]
+
+
+MOTO_SERVER = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1"]
+"""moto_server on 127.0.0.1 (its port, ``-p``, and any other option to follow)."""
 
 
 @dataclass
@@ -42,8 +46,7 @@ class LocalS3(Traffic):
 @contextmanager
 def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[LocalS3]:
     """Start moto_server and a counting proxy on 127.0.0.1; stop both on exit."""
-    command = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1", "-p"]
-    with server_process(lambda port: [*command, str(port)], "moto_server", timeout_s=30) as port:
+    with server_process(lambda port: [*MOTO_SERVER, "-p", str(port)], "moto_server", timeout_s=30) as port:
         s3 = LocalS3(bucket=bucket)
         with proxied(port, s3) as url:
             s3.endpoint_url = url
