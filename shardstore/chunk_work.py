@@ -24,7 +24,7 @@ from zarr.core.buffer import NDBuffer
 
 from shardstore.blocks import Box, block_view, chunks_of_block, is_block, stacked_chunks
 from shardstore.chunk_codecs import ChunkCodec
-from shardstore.formats.base import ABSENT, ShardFormat, table_rows
+from shardstore.formats.base import ABSENT, Allocate, ShardFormat, empty_rows, table_rows
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.writing.updates import BuiltShard
 
@@ -292,11 +292,12 @@ def encode_shards(
     encoded: list[dict[int, Any] | BuiltShard],
     failed: list[tuple[int, bytes | None]],
     shard_format: ShardFormat | None = None,
+    empty: Allocate = empty_rows,
 ) -> None:
     """The new bytes of the chunks of the shards ``part`` of ``shards`` (by place; None:
     no chunk) into ``encoded[k]``; a shard that is a whole block of a value stored raw
     is cut out of the value in one copy (into the shard object itself, built by
-    ``shard_format``, where every chunk is stored). Chunks whose old bytes do not
+    ``shard_format`` in memory from ``empty``, where every chunk is stored). Chunks whose old bytes do not
     decode go to ``failed`` (with those bytes)."""
     source: Any = value.as_ndarray_like()
     spec = chunks[0][1]
@@ -313,7 +314,7 @@ def encode_shards(
     # built in place: only shards none of whose chunks may be the fill value (an
     # emptied chunk would leave its shard in the allocation, held until all are committed)
     full = [k for k, whole in wholes.items() if not _may_hold_fill(whole, spec)]
-    dense = dict(zip(full, _dense_shards(codec, spec, shard_format, len(full)), strict=False))
+    dense = dict(zip(full, _dense_shards(codec, spec, shard_format, len(full), empty), strict=False))
     for k in part:
         members, places, snapshot, _ = shards[k]
         if k in wholes:
@@ -333,7 +334,7 @@ def encode_shards(
 
 
 def _dense_shards(
-    codec: ChunkCodec, spec: ArraySpec, shard_format: ShardFormat | None, count: int
+    codec: ChunkCodec, spec: ArraySpec, shard_format: ShardFormat | None, count: int, empty: Allocate
 ) -> list[tuple[memoryview, memoryview]]:
     """New shard objects for ``count`` whole blocks stored raw (see
     :meth:`ShardFormat.dense_shards`); none where the chunks are not stored raw or the
@@ -341,7 +342,7 @@ def _dense_shards(
     chunk_nbytes = codec.dtype.itemsize * math.prod(spec.shape)
     if not (codec.raw and count and chunk_nbytes and shard_format is not None):
         return []
-    return shard_format.dense_shards(chunk_nbytes, count) or []
+    return shard_format.dense_shards(chunk_nbytes, count, empty) or []
 
 
 def _block_chunks(

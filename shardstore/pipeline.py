@@ -72,6 +72,7 @@ from shardstore.default_pipeline import PIPELINE_PATH, become_default
 from shardstore.errors import ShardingConfigError
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.routing import RoutedChunks
+from shardstore.shard_buffers import ShardBuffers
 from shardstore.store import ShardingStore
 from shardstore.tasks import in_threads
 from shardstore.writing.updates import BuiltShard
@@ -325,6 +326,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         boxes = _boxes(chunks, routed, drop_axes)
         held = REMOTE_WRITE_GROUPS if internals.raw.capabilities.remote else 2
         groups = _groups(routed, internals.fetch_concurrency, held=held)
+        buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard]]:
@@ -338,6 +340,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             encode = functools.partial(
                 encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
                 encoded=new, failed=failed, shard_format=routed.shards[group[0]].shard_format,
+                empty=buffers.empty,
             )  # fmt: skip
             await in_threads(
                 encode, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))

@@ -184,9 +184,26 @@ def test_dense_shards_are_what_build_makes_of_the_same_chunks(
     layout: IndexedFormat, chunk_nbytes: int, count: int, data: st.DataObject
 ) -> None:
     """Shard objects laid out for every chunk present, filled in place, are byte for
-    byte the shards build() makes; filling one leaves the others as they were."""
-    objects = layout.dense_shards(chunk_nbytes, count)
+    byte the shards build() makes; filling one leaves the others as they were. Also
+    in memory given again (``empty``), which still holds what it held before."""
+    used: list[np.ndarray] = []
+
+    def used_before(rows: int, nbytes: int) -> np.ndarray:
+        used.append(np.full((rows + 1, nbytes), 0xAB, dtype=np.uint8))
+        return used[-1][:rows]
+
+    again = data.draw(st.booleans())
+    objects = (
+        layout.dense_shards(chunk_nbytes, count, used_before)
+        if again
+        else layout.dense_shards(chunk_nbytes, count)
+    )
     assert len(objects) == count
+    assert (
+        all(np.shares_memory(np.frombuffer(blob, np.uint8), used[0]) for blob, _ in objects)
+        if again
+        else not used
+    )
     every = [
         {
             p: data.draw(st.binary(min_size=chunk_nbytes, max_size=chunk_nbytes))

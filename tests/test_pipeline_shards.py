@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 import numpy as np
@@ -23,6 +23,7 @@ from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
+from shardstore.shard_buffers import ShardBuffers
 
 from .helpers import sample
 
@@ -427,7 +428,7 @@ def test_only_shards_with_no_chunk_of_fill_values_are_built_in_place(
     monkeypatch.setattr(
         IndexedFormat,
         "dense_shards",
-        lambda self, size, count: (asked.append(count), real(self, size, count))[1],
+        lambda self, size, count, empty: (asked.append(count), real(self, size, count, empty))[1],
     )
     value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
     value[6:12, :] = 0  # shards (1, *): all fill values
@@ -441,3 +442,67 @@ def test_only_shards_with_no_chunk_of_fill_values_are_built_in_place(
         np.testing.assert_array_equal(arr[:], value)
     assert sum(asked) == 5  # shards (0, *) and (2, 1), (2, 2)
     assert not (tmp_path / "s" / "a" / "c" / "1").exists()
+
+
+class _Spied(ShardBuffers):
+    made: ClassVar[list[ShardBuffers]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made.append(self)
+
+
+@pytest.fixture
+def shard_buffers(monkeypatch: pytest.MonkeyPatch) -> list[ShardBuffers]:
+    """Each write's ShardBuffers; groups of one shard (half ``fetch_concurrency=2``)."""
+    monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
+    monkeypatch.setattr(shardstore.pipeline, "ShardBuffers", _Spied)
+    monkeypatch.setattr(_Spied, "made", [])
+    return _Spied.made
+
+
+def test_a_group_built_in_place_takes_the_memory_of_one_committed_before_it(
+    tmp_path: Path, shard_buffers: list[ShardBuffers]
+) -> None:
+    """Nine shards in nine groups, two at a time: each group from the third on is
+    built in the memory of a group whose commit has ended, and every shard holds
+    its own block, written and overwritten."""
+    store = ShardingStore(LocalInner(str(tmp_path / "s")), CPS, fetch_concurrency=2)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(store, name="a", shape=(18, 18), chunks=CHUNKS, dtype="i4", compressors=None)
+        for value in (np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18), np.full((18, 18), -3, "i4")):
+            arr[:] = value
+            reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+            np.testing.assert_array_equal(reopened[:], value)
+    assert len(shard_buffers) == 2
+    assert [buffers.allocated for buffers in shard_buffers] == [2, 2]  # not 9 each
+
+
+@pytest.mark.parametrize("writes_buffers", [True, False])
+def test_memory_a_written_shard_is_still_held_in_is_never_built_in_again(
+    tmp_path: Path, shard_buffers: list[ShardBuffers], writes_buffers: bool
+) -> None:
+    """Memory is built in again only when nothing refers to it: a store that keeps
+    each shard object it was given (a memoryview of that memory, where it takes any
+    buffer) keeps all of it from later groups, and every object it kept still holds
+    its own shard; one given bytes (a copy) lets the memory go at once."""
+    inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers)
+    store = ShardingStore(inner, CPS, fetch_concurrency=2)
+    value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(store, name="a", shape=(18, 18), chunks=CHUNKS, dtype="i4", compressors=None)
+        arr[:] = value
+    fmt = IndexedFormat(CPS, "end", False)
+    shards = {key: new for key, new in inner.written.items() if "/c/" in f"/{key}"}
+    assert len(shards) == 9
+    for key, new in shards.items():
+        assert isinstance(new, memoryview) == writes_buffers
+        i, j = (int(c) for c in key.split("/")[-2:])
+        block = value[i * 6 : (i + 1) * 6, j * 6 : (j + 1) * 6]
+        chunks = {
+            p: block[a * 3 : (a + 1) * 3, b * 2 : (b + 1) * 2].tobytes()
+            for p, (a, b) in enumerate(np.ndindex(CPS))
+        }
+        assert bytes(new) == fmt.build(chunks), key
+    allocated = shard_buffers[-1].allocated
+    assert allocated == (9 if writes_buffers else 2)

@@ -72,6 +72,16 @@ def table_rows(table: ChunkTable, places: npt.NDArray[np.integer[Any]]) -> npt.N
     return rows
 
 
+Allocate: TypeAlias = Callable[[int, int], npt.NDArray[np.uint8]]
+"""``(count, nbytes)``: an array of ``count`` rows of ``nbytes`` bytes, contents undefined."""
+
+
+def empty_rows(count: int, nbytes: int) -> npt.NDArray[np.uint8]:
+    """New memory for :meth:`ShardFormat.dense_shards` (:data:`Allocate`): one allocation
+    for all the rows, for which numpy asks the kernel for huge pages from 4 MiB."""
+    return np.empty((count, nbytes), dtype=np.uint8)
+
+
 class TableFigures(NamedTuple):
     """What a shard's table says of the object: chunks listed, their bytes, and the
     bytes that are neither chunks nor the index (left by appends)."""
@@ -278,12 +288,15 @@ class ShardFormat(ABC):
         object (a local file takes them in one system call)."""
         return [self.build(chunks)]
 
-    def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]] | None:
+    def dense_shards(
+        self, chunk_nbytes: int, count: int, empty: Allocate = empty_rows
+    ) -> list[tuple[memoryview, memoryview]] | None:
         """``count`` new shard objects in each of which every chunk is present and
         ``chunk_nbytes`` long, stored in chunk order, with the index written; each with
         a writable view of its data area for the caller to fill (chunk ``p`` at
-        ``p * chunk_nbytes``). Chunks stored raw go straight into the object, not
-        through :meth:`build`'s copy. None where the format lays shards out otherwise."""
+        ``p * chunk_nbytes``), all in rows of one array ``empty`` gives. Chunks stored
+        raw go straight into the object, not through :meth:`build`'s copy. None where
+        the format lays shards out otherwise."""
         return None
 
     @abstractmethod

@@ -351,6 +351,9 @@ class ShardWriter:
         ]
         try:
             errors = await self._inner.update_many(changes, read_old=False, attempts=self._attempts)
+            # let go of the shards now, not when a worker thread that held them does:
+            # a write's later groups are built in their memory (see ShardBuffers)
+            changes.clear()
         finally:
             for shard, _ in shards:
                 self._on_commit(shard.key)

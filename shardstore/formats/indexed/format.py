@@ -23,7 +23,15 @@ import numpy.typing as npt
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from shardstore.errors import ShardFormatError, ShardingConfigError
-from shardstore.formats.base import EMPTIED, Change, ChunkTable, ShardFormat, TableFigures
+from shardstore.formats.base import (
+    EMPTIED,
+    Allocate,
+    Change,
+    ChunkTable,
+    ShardFormat,
+    TableFigures,
+    empty_rows,
+)
 from shardstore.formats.findings import IMPOSSIBLE, SHOWN, listed
 from shardstore.formats.indexed.codec_form import codec_layout_problem, is_codec, to_codec_form
 
@@ -374,7 +382,9 @@ class IndexedFormat(ShardFormat):
         raw_index = self.encode_index(index)
         return [raw_index, *parts] if start else [*parts, raw_index]
 
-    def dense_shards(self, chunk_nbytes: int, count: int) -> list[tuple[memoryview, memoryview]]:
+    def dense_shards(
+        self, chunk_nbytes: int, count: int, empty: Allocate = empty_rows
+    ) -> list[tuple[memoryview, memoryview]]:
         # One allocation for all of them: from 4 MiB numpy asks the kernel for huge
         # pages, and a fresh shard's memory then costs a few page faults, not 256 a MiB.
         data_nbytes = self.n_chunks * chunk_nbytes
@@ -385,7 +395,7 @@ class IndexedFormat(ShardFormat):
         index[:, 1] = chunk_nbytes
         raw_index = np.frombuffer(self.encode_index(index), dtype=np.uint8)
         where = self.index_slice(nbytes)
-        objects = np.empty((count, nbytes), dtype=np.uint8)
+        objects = empty(count, nbytes)
         objects[:, where] = raw_index
         return [(memoryview(one), memoryview(one)[start : start + data_nbytes]) for one in objects]
 
