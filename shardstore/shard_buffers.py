@@ -11,8 +11,10 @@ later group takes the memory of one committed before it.
 
 Memory is taken again only when nothing refers to it any more: not the commit,
 nor a batch holding the chunks until it ends, nor any view of them; that is, when
-its reference count is what this holder's own references give. Nothing is kept
-after the write: the holder goes with the call that made it.
+its reference count is what this holder's own references give. Where the
+interpreter gives no such count (PyPy; a free-threaded build, whose counts other
+threads change unsynchronised), every array is new. Nothing is kept after the
+write: the holder goes with the call that made it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["ShardBuffers"]
+
+_COUNTED = hasattr(sys, "getrefcount") and getattr(sys, "_is_gil_enabled", lambda: True)()
+"""Whether a reference count tells that nothing else refers to an array (see above)."""
 
 
 class ShardBuffers:
@@ -41,6 +46,9 @@ class ShardBuffers:
     def empty(self, count: int, nbytes: int) -> npt.NDArray[np.uint8]:
         """``count`` rows of ``nbytes`` bytes, their contents undefined: rows of an idle
         array of rows that long, else of a new one."""
+        if not _COUNTED:
+            self.allocated += 1
+            return np.empty((count, nbytes), dtype=np.uint8)
         with self._lock:
             counts = [sys.getrefcount(held) for held in self._held]
             idle = counts[0]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
+from shardstore import shard_buffers
 from shardstore.shard_buffers import ShardBuffers
 
 
@@ -78,3 +80,13 @@ def test_threads_asking_at_once_never_share_memory() -> None:
     for thread in threads:
         thread.join()
     assert len({_address(rows) for rows in got}) == len(got) == 400  # all held: each its own
+
+
+def test_where_no_reference_count_tells_every_array_is_new(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyPy and free-threaded builds: no count to trust, so no memory handed out twice."""
+    monkeypatch.setattr(shard_buffers, "_COUNTED", False)
+    buffers = ShardBuffers()
+    buffers.empty(2, 64)  # let go at once
+    again = buffers.empty(2, 64)
+    assert again.shape == (2, 64) and again.base is None  # its own memory, not rows of a kept one
+    assert buffers.allocated == 2

@@ -272,7 +272,9 @@ class InnerStore(ABC):
         """:meth:`update` of several objects, each on its own terms, concurrently: what
         each one raised (a ShardStoreError naming its key; None: done), every one
         settled when this returns. Adapters for which one call for many is cheaper
-        override it (a local directory: a thread hop per core, not per object)."""
+        override it (a local directory: a thread hop per core, not per object). Nothing
+        of ``changes`` is kept once this returns: the caller lets go of them then, and
+        the memory of the values they gave is used again."""
 
         async def one(key: str, change: Change) -> Exception | None:
             try:
