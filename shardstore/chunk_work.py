@@ -297,8 +297,8 @@ def encode_shards(
     """The new bytes of the chunks of the shards ``part`` of ``shards`` (by place; None:
     no chunk) into ``encoded[k]``; a shard that is a whole block of a value stored raw
     is cut out of the value in one copy (into the shard object itself, built by
-    ``shard_format`` in memory from ``empty``, where every chunk is stored). Chunks whose old bytes do not
-    decode go to ``failed`` (with those bytes)."""
+    ``shard_format`` in memory ``empty`` gives, where every chunk is stored). Chunks
+    whose old bytes do not decode go to ``failed`` (with those bytes)."""
     source: Any = value.as_ndarray_like()
     spec = chunks[0][1]
     shape = tuple(spec.shape)
