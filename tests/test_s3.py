@@ -141,13 +141,14 @@ def https_s3() -> Iterator[str]:
         yield endpoint
 
 
-def _s3fs(endpoint: str, **config: str) -> Any:
+def _s3fs(endpoint: str, additional: dict[str, str] | None = None, **config: str) -> Any:
     return fsspec.filesystem(
         "s3",
         key="testing",
         secret="testing",
         client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1", "verify": False},
         config_kwargs=config,
+        s3_additional_kwargs=additional or {},
         skip_instance_cache=True,
     )
 
@@ -189,6 +190,20 @@ def test_a_client_that_computes_checksums_only_when_required_gets_none(https_s3:
     for body, headers in sent:
         assert body is bytearray
         assert not any(name.lower().startswith("x-amz-checksum") for name in headers)
+
+
+def test_a_checksum_algorithm_the_user_names_is_the_one_sent(https_s3: str) -> None:
+    """(``s3_additional_kwargs={"ChecksumAlgorithm": ...}``: botocore computes that one,
+    and no CRC32 of ours goes beside it.)"""
+    fs = _s3fs(https_s3, {"ChecksumAlgorithm": "SHA256"})
+    sent = _puts_sent(fs, "sha256.zarr")
+    assert len(sent) == 2 + 4
+    for _, headers in sent:
+        named = {
+            name.lower(): (v.decode() if isinstance(v, bytes) else v).lower() for name, v in headers.items()
+        }
+        assert "x-amz-checksum-crc32" not in named
+        assert "x-amz-checksum-sha256" in named or "sha256" in named.get("x-amz-trailer", "")
 
 
 def test_a_first_write_into_a_bucket_not_there_makes_it_as_s3fs_does(s3: LocalS3) -> None:
