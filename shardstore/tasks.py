@@ -105,7 +105,9 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     if shared:
         _shared(work, slices)
         return
-    threads = asyncio.gather(*(asyncio.to_thread(work, part) for part in slices), return_exceptions=True)
+    threads = asyncio.gather(
+        *(asyncio.to_thread(_let_go, [work], part) for part in slices), return_exceptions=True
+    )
     try:
         outcomes = await asyncio.shield(threads)
     except asyncio.CancelledError:
@@ -123,23 +125,35 @@ def _shared(work: Callable[[range], None], slices: list[range]) -> None:
     once no slice runs any more (the slices not started then are dropped), also on
     Ctrl-C: a thread cannot be stopped, and the caller's buffers are in its hands."""
     shares: list[concurrent.futures.Future[None]] = []
+    handed = [[work] for _ in slices[1:]]
     try:
         with contextlib.suppress(RuntimeError):  # the pool takes no more work once the interpreter exits
-            for part in slices[1:]:
-                shares.append(_helper_pool().submit(work, part))
+            for part, held in zip(slices[1:], handed, strict=True):
+                shares.append(_helper_pool().submit(_let_go, held, part))
         for part in [slices[0], *slices[1 + len(shares) :]]:
             work(part)
-        for part, share in zip(slices[1:], shares, strict=False):
+        for part, share, held in zip(slices[1:], shares, handed, strict=False):
             if share.cancel():
+                held.clear()  # (the cancelled item waits in the pool's queue)
                 work(part)
             else:
                 share.result()
     finally:
-        for share in shares:
-            share.cancel()
+        for share, held in zip(shares, handed, strict=False):
+            if share.cancel():
+                held.clear()
         while not all(share.done() for share in shares):
             with contextlib.suppress(BaseException):  # (another Ctrl-C: the wait goes on)
                 concurrent.futures.wait(shares)
+
+
+def _let_go(held: list[Callable[[range], None]], part: range) -> None:
+    """``held[0](part)``, the work let go of before the caller hears that it ended: a
+    pool's thread holds the function it was given until it takes the next one, and
+    memory the work refers to is used again only once nothing refers to it (see
+    :mod:`~shardstore.shard_buffers`): a read's last group was held a moment past its
+    end, too late to be kept for the next read, in 8 reads of 20."""
+    held.pop()(part)
 
 
 def _helper_pool() -> concurrent.futures.ThreadPoolExecutor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -275,6 +276,43 @@ def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy
     tasks._helpers.shutdown()
 
 
+class _Work:
+    """Work that records the threads of its slices, to be watched with a weak reference."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, part: range) -> None:
+        self.threads.append(threading.current_thread())
+
+
+@pytest.mark.parametrize("busy_helper", [False, True])
+def test_in_threads_lets_go_of_the_work_before_it_returns(
+    monkeypatch: pytest.MonkeyPatch, busy_helper: bool
+) -> None:
+    """Once the call returns, no thread of a pool refers to the work any more (nor to
+    what it refers to): memory handed out again once nothing refers to it (see
+    ShardBuffers) is free at the call's end, not some moment after, also where a busy
+    helper's share was taken back and waits in its queue."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "_helpers", None)
+    release = threading.Event()
+    busy = tasks._helper_pool().submit(release.wait, 30) if busy_helper else None
+    try:
+        for nbytes in (tasks.SHARED_FROM_BYTES - 1, tasks.SHARED_FROM_BYTES):
+            work = _Work()
+            gone = weakref.ref(work)
+            asyncio.run(tasks.in_threads(work, 6, nbytes=nbytes))
+            assert len(work.threads) == 2
+            del work
+            assert gone() is None, nbytes
+    finally:
+        release.set()
+        if busy is not None:
+            busy.result(timeout=30)
+        tasks._helper_pool().shutdown()
+
+
 def test_in_threads_never_raises_while_a_helpers_slice_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Interrupted while it waits for a helper (Ctrl-C in ``result()``), the call still
     waits for that slice to end before raising: the helper writes into the caller's
@@ -283,8 +321,8 @@ def test_in_threads_never_raises_while_a_helpers_slice_still_runs(monkeypatch: p
     pool = concurrent.futures.ThreadPoolExecutor(1)
     started, interrupted, ended = threading.Event(), threading.Event(), threading.Event()
 
-    def submit(work: Callable[[range], None], part: range) -> concurrent.futures.Future[None]:
-        share = pool.submit(work, part)
+    def submit(work: Callable[..., None], *args: Any) -> concurrent.futures.Future[None]:
+        share = pool.submit(work, *args)
 
         def result(timeout: float | None = None) -> None:
             interrupted.set()
