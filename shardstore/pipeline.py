@@ -237,16 +237,18 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         boxes = _boxes(chunks, routed, drop_axes)
         results: list[Any] = [None] * len(chunks)
         groups = _groups(routed, internals.fetch_concurrency)
+        buffers = ShardBuffers()  # (a group read whole, or decoded, takes memory one before let go of)
 
         def fetch(group: range) -> Awaitable[list[ShardSnapshot]]:
-            return internals.read_shards(_wanted(chunks, routed, [(s, members[s]) for s in group]))
+            wanted = _wanted(chunks, routed, [(s, members[s]) for s in group])
+            return internals.read_shards(wanted, buffers.flat)
 
         async def decode(group: range, snapshots: list[ShardSnapshot]) -> None:
             parts = _parts(routed, members, boxes, group, snapshots)
             failed: list[tuple[int, bytes | None]] = []
             scatter = functools.partial(
                 scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
-                reports=results, failed=failed,
+                reports=results, failed=failed, empty=buffers.empty,
             )  # fmt: skip
             await in_threads(
                 scatter, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
@@ -256,7 +258,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 for (n, _), result in zip(failed, redone or (), strict=False):
                     results[n] = result
 
-        await _ahead(groups, fetch, decode)
+        with buffers:
+            await _ahead(groups, fetch, decode)
         return tuple(results) if REPORTS else None
 
     async def write(
@@ -359,7 +362,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
+        with buffers:
+            await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
 
 
 G = TypeVar("G")

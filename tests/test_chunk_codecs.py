@@ -234,7 +234,30 @@ def test_chunks_decode_together_from_frames_without_their_size() -> None:
     np.testing.assert_array_equal(decoded, np.stack(chunks))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "too short", "outside the shard", "two frames"])
+@pytest.mark.parametrize("gap", [0, 3])
+def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
+    """Frames end to end (as shardstore writes them) are decoded as one stream, others
+    one by one: either way into the rows the caller's allocator gives."""
+    codec = _zstd_codec((8, 8), "f4")
+    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(4)]
+    frames = [codec.encode(chunk) for chunk in chunks]
+    blob = (b"x" * gap).join(frames)
+    sizes = np.array([len(f) for f in frames], dtype=np.uint64)
+    starts = np.cumsum(sizes + gap) - sizes - gap
+    given: list[np.ndarray] = []
+
+    def empty(count: int, nbytes: int) -> np.ndarray:
+        given.append(np.empty((count, nbytes), dtype=np.uint8))
+        return given[-1]
+
+    decoded = codec.decode_stacked(blob, np.stack([starts, sizes], 1), (8, 8), empty)
+    np.testing.assert_array_equal(decoded, np.stack(chunks))
+    assert len(given) == 1 and given[0].shape == (4, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
+
+
+@pytest.mark.parametrize(
+    "damage", ["truncated", "too short", "outside the shard", "two frames", "trailing bytes"]
+)
 def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> None:
     codec = _zstd_codec((8, 8), "f4")
     chunk = sample((8, 8), "f4")
@@ -249,6 +272,9 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> Non
         blob, segments[1, 1] = frame + short, len(short)
     elif damage == "outside the shard":
         segments[1, 0] += 1
+    elif damage == "trailing bytes":  # more than the frame in the chunk's bytes
+        blob += b"junk"
+        segments[1, 1] += 4
     else:  # what numcodecs would read as one chunk
         half = codec.encode(chunk[:4])
         blob = frame + half + half
@@ -318,9 +344,9 @@ def test_chunks_decode_together_only_where_small(tmp_path: Path, monkeypatch: py
     together: list[int] = []
     real = ChunkCodec.decode_stacked
 
-    def counted(self: ChunkCodec, data: Any, segments: Any, shape: tuple[int, ...]) -> Any:
+    def counted(self: ChunkCodec, data: Any, segments: Any, shape: tuple[int, ...], *rest: Any) -> Any:
         together.append(len(segments))
-        return real(self, data, segments, shape)
+        return real(self, data, segments, shape, *rest)
 
     monkeypatch.setattr(ChunkCodec, "decode_stacked", counted)
     monkeypatch.setattr("shardstore.pipeline.ROUTED_FROM", 1)  # (16 chunks: shard by shard all the same)

@@ -361,13 +361,13 @@ def test_a_read_after_a_write_does_not_join_a_fetch_sent_before_it(tmp_path: Pat
         gate = threading.Event()
         inside = threading.Event()
 
-        def _read_versioned(self, path: Any, byte_range: Any, expected: Any, at_once: Any = None) -> Any:
+        def _read_versioned(self, path: Any, byte_range: Any, expected: Any, **how: Any) -> Any:
             where = Path(path)
             if self.armed and byte_range is None and where.name == "0" and where.parent.name == "0":
                 self.armed = False  # the first whole fetch of shard a/c/0/0 only
                 self.inside.set()
                 assert self.gate.wait(timeout=60)
-            return super()._read_versioned(path, byte_range, expected, at_once)
+            return super()._read_versioned(path, byte_range, expected, **how)
 
     async def main() -> tuple[np.ndarray, np.ndarray]:
         inner = Gated(tmp_path)

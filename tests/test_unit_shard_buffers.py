@@ -1,9 +1,10 @@
-"""ShardBuffers: memory for shards built in place, handed out again only when nothing
-refers to it any more."""
+"""ShardBuffers: memory for shards built in place or read whole, handed out again only
+when nothing refers to it any more, and kept for the next call up to SPARE_BYTES."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -12,8 +13,15 @@ from shardstore import shard_buffers
 from shardstore.shard_buffers import ShardBuffers
 
 
-def _address(array: np.ndarray) -> int:
-    return int(array.__array_interface__["data"][0])
+def _address(array: np.ndarray | memoryview) -> int:
+    return int(np.frombuffer(array, dtype=np.uint8).__array_interface__["data"][0])
+
+
+@pytest.fixture(autouse=True)
+def _no_spare(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with no memory an earlier call left."""
+    monkeypatch.setattr(shard_buffers, "_SPARE", shard_buffers._Spare())
+    yield
 
 
 def test_memory_is_handed_out_again_once_nothing_refers_to_it() -> None:
@@ -46,16 +54,38 @@ def test_a_view_of_a_row_keeps_its_memory_from_being_handed_out() -> None:
     assert buffers.allocated == 2
 
 
-def test_fewer_rows_come_from_a_longer_idle_array_and_other_lengths_from_new_ones() -> None:
+def test_a_shard_read_into_memory_keeps_it_while_a_chunk_of_it_is_held() -> None:
+    """A shard read whole is a memoryview of flat memory; a chunk served from it (a
+    slice, an array over it) keeps all of it from being read into again."""
     buffers = ShardBuffers()
-    where = _address(buffers.empty(4, 32))
-    fewer = buffers.empty(2, 32)  # (the last group of a write is smaller)
-    assert fewer.shape == (2, 32) and _address(fewer) == where
-    del fewer
-    longer_rows = buffers.empty(2, 48)
-    assert longer_rows.shape == (2, 48) and _address(longer_rows) != where
-    more = buffers.empty(5, 32)  # more rows than the idle array holds
-    assert more.shape == (5, 32) and _address(more) != where
+    shard = buffers.flat(100)
+    shard[:] = bytes(range(100))
+    chunk = np.frombuffer(memoryview(shard)[10:20], dtype=np.uint8)
+    del shard
+    other = buffers.flat(100)
+    other[:] = bytes(100)
+    assert chunk.tolist() == list(range(10, 20))
+    del chunk, other
+    again = buffers.flat(90)
+    assert len(again) == 90 and buffers.allocated == 2
+
+
+def test_the_smallest_idle_array_that_holds_a_request_serves_it() -> None:
+    """Rows of any length and flat memory come from one stock: the smallest idle array
+    big enough (a later group of a write is smaller; shards read whole differ a little
+    in size); a new one holds a little more than asked, for a slightly bigger shard."""
+    buffers = ShardBuffers()
+    small, large = buffers.flat(1000), buffers.flat(4000)
+    where_small, where_large = _address(small), _address(large)
+    del small, large
+    fewer = buffers.empty(2, 48)  # 96 bytes: the small one, not the large
+    assert fewer.shape == (2, 48) and _address(fewer) == where_small
+    bigger = buffers.flat(1000 + 1000 // shard_buffers.ROOM)  # within the room a new one has
+    assert _address(bigger) == where_large  # (the small one is still held by ``fewer``)
+    del fewer, bigger
+    assert _address(buffers.flat(1001)) == where_small
+    assert buffers.allocated == 2
+    buffers.flat(5000)  # more than any holds
     assert buffers.allocated == 3
 
 
@@ -82,11 +112,40 @@ def test_threads_asking_at_once_never_share_memory() -> None:
     assert len({_address(rows) for rows in got}) == len(got) == 400  # all held: each its own
 
 
+def test_idle_memory_is_kept_for_the_next_call_and_held_memory_is_not() -> None:
+    """When a call ends, what nothing refers to is kept for the next call; what a
+    caller still holds stays the caller's, never handed out while held."""
+    with ShardBuffers() as first:
+        idle = first.flat(1000)
+        held = first.empty(2, 500)
+        where_idle, where_held = _address(idle), _address(held)
+        held[:] = 5
+        del idle
+    with ShardBuffers() as second:
+        a, b = second.flat(1000), second.flat(1000)
+        assert _address(a) == where_idle and where_held not in (_address(a), _address(b))
+        assert second.allocated == 1
+    assert (held == 5).all()
+
+
+def test_the_memory_kept_between_calls_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shard_buffers, "SPARE_BYTES", 2500)
+    with ShardBuffers() as first:
+        arrays = [first.flat(1000) for _ in range(3)]
+        del arrays  # three idle arrays at the end
+    with ShardBuffers() as second:
+        [second.flat(1000) for _ in range(3)]
+        assert second.allocated == 1  # two of 1,031 bytes were kept, not three
+
+
 def test_where_no_reference_count_tells_every_array_is_new(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PyPy and free-threaded builds: no count to trust, so no memory handed out twice."""
+    """PyPy and free-threaded builds: no count to trust, so no memory handed out twice,
+    and none kept for the next call."""
     monkeypatch.setattr(shard_buffers, "_COUNTED", False)
-    buffers = ShardBuffers()
-    buffers.empty(2, 64)  # let go at once
-    again = buffers.empty(2, 64)
-    assert again.shape == (2, 64) and again.base is None  # its own memory, not rows of a kept one
-    assert buffers.allocated == 2
+    with ShardBuffers() as buffers:
+        buffers.empty(2, 64)  # let go at once
+        assert buffers.empty(2, 64).shape == (2, 64)
+        assert buffers.allocated == 2
+    with ShardBuffers() as later:
+        later.flat(128)
+        assert later.allocated == 1

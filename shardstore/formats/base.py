@@ -77,8 +77,8 @@ Allocate: TypeAlias = Callable[[int, int], npt.NDArray[np.uint8]]
 
 
 def empty_rows(count: int, nbytes: int) -> npt.NDArray[np.uint8]:
-    """New memory for :meth:`ShardFormat.dense_shards` (:data:`Allocate`): one allocation
-    for all the rows, for which numpy asks the kernel for huge pages from 4 MiB."""
+    """New memory (:data:`Allocate`): one allocation for all the rows, for which numpy
+    asks the kernel for huge pages from 4 MiB."""
     return np.empty((count, nbytes), dtype=np.uint8)
 
 
@@ -300,7 +300,7 @@ class ShardFormat(ABC):
         return None
 
     @abstractmethod
-    def parse(self, blob: bytes, key: str) -> ChunkTable:
+    def parse(self, blob: bytes | memoryview, key: str) -> ChunkTable:
         """Where each chunk's stored bytes lie in a whole shard object, after checking
         it (ShardFormatError naming ``key``)."""
 

@@ -104,6 +104,10 @@ def _interruption(exc: BaseException) -> BaseException | None:
 ChunkBytes: TypeAlias = bytes | memoryview
 """A chunk's bytes as read: a view into its shard where served from a whole shard."""
 
+ReadInto: TypeAlias = Callable[[int], memoryview]
+"""Writable memory of so many bytes to read an object into (see
+:meth:`InnerStore.get_whole_into`)."""
+
 
 _Bytes = TypeVar("_Bytes", bytes, memoryview)
 
@@ -322,6 +326,15 @@ class InnerStore(ABC):
         """Reads with each object's version; where ``expected`` is given and the object
         is at another version, that read returns ``STALE`` and reads nothing."""
         return [(value, None) for value in await self.get_many(requests)]
+
+    async def get_whole_into(
+        self, keys: Sequence[str], into: ReadInto
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        """Whole objects with their versions, as by :meth:`get_many_versioned`; a store
+        that reads into memory it is given (local files) reads each into ``into(size)``
+        and returns that, so that a caller reading many objects in turn can give the
+        same memory again rather than have new memory faulted in for each."""
+        return list(await self.get_many_versioned([(key, None) for key in keys], [None] * len(keys)))
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         """Append ``build(size, read)`` to an existing object, holding it exclusively.

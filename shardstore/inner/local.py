@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from pathlib import Path
 from stat import S_ISDIR
+from typing import cast
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -22,7 +23,9 @@ from shardstore.inner.base import (
     AppendBuilder,
     Capabilities,
     Change,
+    ChunkBytes,
     InnerStore,
+    ReadInto,
     Written,
     failure,
     is_temporary,
@@ -105,7 +108,9 @@ AT_ONCE_SLOW_S = 0.002
 """A batch read on the caller's thread that takes longer than this (opening files on a
 slow file system) ends such reads for its store (see :meth:`LocalInner.get_many_versioned`)."""
 
-_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+_PREADV = hasattr(os, "preadv")
+"""Whether the system reads into memory given."""
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None) if _PREADV else None
 """``preadv``'s flag to fail rather than wait for the disk (Linux), if there is one."""
 
 
@@ -118,26 +123,30 @@ class _WouldWait(Exception):
         self.always = always
 
 
-def _pread(fd: int, n: int, offset: int, at_once: int | None) -> bytes:
-    """``n`` bytes at ``offset`` (fewer at the end of the file); with ``at_once``, only
-    what the page cache holds whole and ``at_once`` bytes at most, else _WouldWait."""
-    if at_once is None:
+def _pread(fd: int, n: int, offset: int, at_once: int | None, into: ReadInto | None = None) -> ChunkBytes:
+    """``n`` bytes at ``offset`` (fewer at the end of the file), into ``into(n)`` where
+    given (and the system reads into memory); with ``at_once``, only what the page
+    cache holds whole and ``at_once`` bytes at most, else _WouldWait."""
+    if not _PREADV:
+        into = None
+    if at_once is None and into is None:
         return os.pread(fd, n, offset)
-    assert _NOWAIT is not None  # (no read is made at once without it: see LocalInner)
-    if n > at_once:
+    if at_once is not None and n > at_once:
         raise _WouldWait()
-    buf = bytearray(n)
+    flags = 0 if at_once is None else _NOWAIT
+    assert flags is not None  # (no read is made at once without RWF_NOWAIT: see LocalInner)
+    buf = bytearray(n) if into is None else into(n)
     try:
-        got = os.preadv(fd, [buf], offset, _NOWAIT) if n else 0
+        got = os.preadv(fd, [buf], offset, flags) if n else 0
     except BlockingIOError:
         raise _WouldWait() from None
     except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+        if at_once is not None and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
             raise _WouldWait(always=True) from None
         raise
-    if got < n:  # (the end of the file, or a part of the range not cached: a thread reads it)
+    if at_once is not None and got < n:  # (the end of the file, or a part not cached: a thread reads it)
         raise _WouldWait()
-    return bytes(buf)
+    return bytes(buf) if into is None else memoryview(buf)[:got]
 
 
 class LocalInner(InnerStore):
@@ -179,22 +188,36 @@ class LocalInner(InnerStore):
     async def get_many_versioned(
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
+        # (bytes: a read into given memory alone is not)
+        return cast(list[tuple[bytes | None, Hashable | None]], await self._get_many(requests, expected))
+
+    async def get_whole_into(
+        self, keys: Sequence[str], into: ReadInto
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        return await self._get_many([(key, None) for key in keys], [None] * len(keys), into)
+
+    async def _get_many(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto | None = None,
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
         # A batch of a few small reads is read on this thread, while none would wait
         # (a hop to a worker thread costs about 0.1 ms, five times eight index reads
         # from the page cache); what is left, in one thread hop; shards read whole, by
         # a thread per core: such a read is mostly a copy, which one core serialises.
-        got: list[tuple[bytes | None, Hashable | None]] = [(None, None)] * len(requests)
+        got: list[tuple[ChunkBytes | None, Hashable | None]] = [(None, None)] * len(requests)
 
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                got[k] = self._read_versioned(self._file(key), byte_range, expected[k])
+                got[k] = self._read_versioned(self._file(key), byte_range, expected[k], into=into)
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
                 await in_threads(read, len(requests))
                 return got
-            first = self._read_at_once(requests, expected, got) if self._at_once else 0
+            first = self._read_at_once(requests, expected, got, into) if self._at_once else 0
             if first < len(requests):
                 await asyncio.to_thread(read, range(first, len(requests)))
         return got
@@ -203,7 +226,8 @@ class LocalInner(InnerStore):
         self,
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
-        got: list[tuple[bytes | None, Hashable | None]],
+        got: list[tuple[ChunkBytes | None, Hashable | None]],
+        into: ReadInto | None,
     ) -> int:
         """Read the batch from its start on this thread for as long as no read would
         wait (for the disk, for an appender's lock, or to read more than BULKY_BYTES
@@ -215,12 +239,14 @@ class LocalInner(InnerStore):
         began, left = time.monotonic(), BULKY_BYTES
         for k, (key, byte_range) in enumerate(requests):
             try:
-                got[k] = self._read_versioned(self._file(key), byte_range, expected[k], at_once=left)
+                got[k] = self._read_versioned(
+                    self._file(key), byte_range, expected[k], at_once=left, into=into
+                )
             except _WouldWait as wait:
                 self._at_once = not wait.always
                 return k
             value = got[k][0]
-            left -= len(value) if isinstance(value, bytes) else 0
+            left -= 0 if value is None or value is STALE else len(value)
             if time.monotonic() - began > AT_ONCE_SLOW_S:
                 self._at_once = False
                 return k + 1
@@ -239,7 +265,9 @@ class LocalInner(InnerStore):
 
     @staticmethod
     def _read(path: Path | str, byte_range: ByteRequest | None) -> bytes | None:
-        return LocalInner._read_versioned(path, byte_range, None)[0]
+        return cast(
+            bytes | None, LocalInner._read_versioned(path, byte_range, None)[0]
+        )  # (not into memory given)
 
     @staticmethod
     def _read_versioned(
@@ -247,7 +275,8 @@ class LocalInner(InnerStore):
         byte_range: ByteRequest | None,
         expected: Hashable | None,
         at_once: int | None = None,
-    ) -> tuple[bytes | None, Hashable | None]:
+        into: ReadInto | None = None,
+    ) -> tuple[ChunkBytes | None, Hashable | None]:
         """A read, with the file's version: (inode, size, mtime). Replacing an object
         makes a new inode, appending changes its size, so whatever a caller derived
         from an earlier read can be checked here.
@@ -272,10 +301,10 @@ class LocalInner(InnerStore):
                 return STALE, version
             if isinstance(byte_range, RangeByteRequest):
                 stop = min(byte_range.end, stat.st_size)
-                return _pread(fd, max(stop - byte_range.start, 0), byte_range.start, at_once), version
+                return _pread(fd, max(stop - byte_range.start, 0), byte_range.start, at_once, into), version
             if isinstance(byte_range, OffsetByteRequest):
                 return _pread(
-                    fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset, at_once
+                    fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset, at_once, into
                 ), version
             if byte_range is not None and not isinstance(byte_range, SuffixByteRequest):
                 raise TypeError(f"Unexpected byte_range, got {byte_range}")
@@ -290,9 +319,9 @@ class LocalInner(InnerStore):
                 if size != stat.st_size:
                     version = None
                 if byte_range is None:
-                    return _pread(fd, size, 0, at_once), version
+                    return _pread(fd, size, 0, at_once, into), version
                 start = max(size - byte_range.suffix, 0)
-                return _pread(fd, size - start, start, at_once), version
+                return _pread(fd, size - start, start, at_once, into), version
             finally:  # (released, not only closed: a child forked meanwhile shares the file)
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:

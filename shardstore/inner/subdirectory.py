@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner.base import DEFAULT_ATTEMPTS, AppendBuilder, Change, InnerStore
+from shardstore.inner.base import DEFAULT_ATTEMPTS, AppendBuilder, Change, ChunkBytes, InnerStore, ReadInto
 from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["SubdirectoryInner"]
@@ -48,6 +48,11 @@ class SubdirectoryInner(DelegatingInner):
         self, requests: Sequence[tuple[str, ByteRequest | None]], expected: Sequence[Hashable | None]
     ) -> list[tuple[bytes | None, Hashable | None]]:
         return await self.inner.get_many_versioned([(self._in(k), r) for k, r in requests], expected)
+
+    async def get_whole_into(
+        self, keys: Sequence[str], into: ReadInto
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        return await self.inner.get_whole_into([self._in(k) for k in keys], into)
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]

@@ -121,7 +121,7 @@ class ShardSnapshot:
     Chunks are served from it as views (:data:`~shardstore.inner.ChunkBytes`): copying each chunk
     out of its shard costs a large read as much as decoding it."""
 
-    data: bytes
+    data: bytes | memoryview
     index: ChunkTable
     fetched_at: float
     version: Hashable | None = None

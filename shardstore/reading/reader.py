@@ -30,7 +30,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable
 from shardstore.inner import STALE, ChunkBytes, InnerStore
-from shardstore.inner.base import NOT_MODIFIED
+from shardstore.inner.base import NOT_MODIFIED, ReadInto
 from shardstore.options import ReadPolicy
 from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.reading.indices import IndexReader, Location, PartTables, read_merged
@@ -189,18 +189,19 @@ class ShardReader:
         return results
 
     async def read_shards(
-        self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]]
+        self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]], into: ReadInto | None = None
     ) -> list[ShardSnapshot]:
         """For a read that wants the places ``wanted[i][1]`` (chunk keys ``wanted[i][2]``,
         named in errors) of each shard: the shards as snapshots, served as
         :meth:`read_chunks` serves them, in one inner round (after one more for uncached
         indices). A shard read by ranges comes as a snapshot of the wanted chunks alone,
-        not cached: the caller reads every chunk out of a snapshot alike."""
+        not cached: the caller reads every chunk out of a snapshot alike. ``into``: memory
+        to read shards into that pass through uncached (see :meth:`fetch_shards`)."""
         ways = self._ways([(shard, set(places)) for shard, places, _ in wanted])
         got: list[ShardSnapshot | None] = list(ways.cached)
 
         async def whole() -> None:
-            for i, snapshot in enumerate(await self._snapshots(ways)):
+            for i, snapshot in enumerate(await self._snapshots(ways, into)):
                 got[i] = got[i] or snapshot
 
         spanned = [s for s in ways.ranged if wanted[s][0].shard_format.one_index]
@@ -265,13 +266,14 @@ class ShardReader:
             )
         return ways
 
-    async def _snapshots(self, ways: _Ways) -> list[ShardSnapshot | None]:
+    async def _snapshots(self, ways: _Ways, into: ReadInto | None = None) -> list[ShardSnapshot | None]:
         """The shards ``ways`` fetches whole or revalidates, fetched in one round (None
         for the others)."""
         got: list[ShardSnapshot | None] = [None] * len(ways.shards)
 
         async def fetched() -> None:
-            outcomes = await self.fetch_shards([ways.shards[i] for i in ways.whole], passing=ways.passing)
+            shards = [ways.shards[i] for i in ways.whole]
+            outcomes = await self.fetch_shards(shards, passing=ways.passing, into=into)
             for i, (snapshot, error) in zip(ways.whole, outcomes, strict=True):
                 if error is not None:
                     raise error
@@ -357,13 +359,16 @@ class ShardReader:
         return fresh
 
     async def fetch_shards(
-        self, shards: Sequence[ShardRef], *, passing: Set[str] = frozenset()
+        self, shards: Sequence[ShardRef], *, passing: Set[str] = frozenset(), into: ReadInto | None = None
     ) -> list[_Fetched]:
         """Whole shards in one inner batch, each as a snapshot (an absent shard as
         an empty one); a fetch of the same shard already under way is joined. The
         shards ``passing`` names are wanted whole by this read alone (all their
         chunks): they pass through without entering the shard cache, so that a
-        bulk read does not push out what repeated reads keep there."""
+        bulk read does not push out what repeated reads keep there. A batch of such
+        shards alone is read into memory ``into`` gives, where given and the store
+        reads into memory (:meth:`~shardstore.inner.InnerStore.get_whole_into`): a
+        bulk read's caller gives memory a group read before it no longer needs."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
         mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]] = []
@@ -375,11 +380,11 @@ class ShardReader:
                     mine.append((shard, future))
                 waits.append(future)
         if mine:
-            await self._fetch(loop, mine, passing)
+            await self._fetch(loop, mine, passing, into)
         outcomes = [await future for future in waits]
         abandoned = [i for i, (snapshot, error) in enumerate(outcomes) if snapshot is None and error is None]
         if abandoned:  # the fetch we joined was cancelled: fetch those ourselves
-            again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing)
+            again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing, into=into)
             for i, outcome in zip(abandoned, again, strict=True):
                 outcomes[i] = outcome
         return outcomes
@@ -389,11 +394,17 @@ class ShardReader:
         loop: asyncio.AbstractEventLoop,
         mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]],
         passing: Set[str],
+        into: ReadInto | None,
     ) -> None:
         sent = time.monotonic()
         outcomes: list[_Fetched] = [(None, None)] * len(mine)
+        keys = [shard.key for shard, _ in mine]
         try:
-            raws = await self._inner.get_many_versioned([(s.key, None) for s, _ in mine], [None] * len(mine))
+            raws: Sequence[tuple[ChunkBytes | None, Hashable | None]]
+            if into is not None and all(key in passing for key in keys):
+                raws = await self._inner.get_whole_into(keys, into)
+            else:
+                raws = await self._inner.get_many_versioned([(key, None) for key in keys], [None] * len(keys))
             outcomes = [
                 self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
                 for (shard, _), (raw, version) in zip(mine, raws, strict=True)
@@ -408,7 +419,13 @@ class ShardReader:
                     future.set_result(outcome)
 
     def _snapshot(
-        self, shard: ShardRef, raw: bytes | None, version: Hashable | None, sent: float, *, keep: bool = True
+        self,
+        shard: ShardRef,
+        raw: ChunkBytes | None,
+        version: Hashable | None,
+        sent: float,
+        *,
+        keep: bool = True,
     ) -> _Fetched:
         """The shard as fetched; cached unless not ``keep`` (its index is, either way)."""
         fmt = shard.shard_format

@@ -346,7 +346,7 @@ class IndexedFormat(ShardFormat):
 
     # -- whole shards --------------------------------------------------------------
 
-    def parse(self, blob: bytes, key: str) -> ShardIndex:
+    def parse(self, blob: bytes | memoryview, key: str) -> ShardIndex:
         """The checked index of a whole shard object (read from its tail, or head)."""
         if len(blob) < self.index_nbytes:
             raise ShardFormatError(

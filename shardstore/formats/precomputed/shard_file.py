@@ -386,7 +386,7 @@ def _scan(
 
 
 def parse_shard(
-    sharding: ShardingParams, blob: bytes, key: str, *, shard: int | None = None
+    sharding: ShardingParams, blob: bytes | memoryview, key: str, *, shard: int | None = None
 ) -> dict[int, tuple[int, int]]:
     """id -> ``(offset, nbytes)`` of the stored (encoded) bytes of every chunk of a whole
     shard file, after checking it all: ShardFormatError naming ``key`` and the cause.

@@ -194,7 +194,7 @@ class PrecomputedSharding(ShardingParams, ShardFormat):
         directory = {"directory": self.directory} if self.directory else {}
         return {"type": obj.pop("@type"), **obj, **directory}
 
-    def parse(self, blob: bytes, key: str) -> dict[int, tuple[int, int]]:
+    def parse(self, blob: bytes | memoryview, key: str) -> dict[int, tuple[int, int]]:
         """Where each chunk's stored bytes lie in a whole shard file, checked."""
         return parse_shard(self, blob, key)
 

@@ -1,0 +1,179 @@
+"""Whole reads into memory given: a bulk read's shards are read into memory one read
+earlier in the same call (or an earlier call) let go of, never into memory anything
+still refers to, and the values read are the objects' bytes all the same."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec
+
+import shardstore.pipeline
+import shardstore.shard_buffers
+from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore.inner import LocalInner
+from shardstore.inner.delegating import DelegatingInner
+from shardstore.inner.zarr_store import MappingInner
+from shardstore.instrument import CountingInner
+from shardstore.shard_buffers import ShardBuffers
+
+from .helpers import sample
+
+CPS = (2, 2)
+
+
+class _Given:
+    """An ``into`` that hands out numpy memory and remembers it."""
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+
+    def __call__(self, nbytes: int) -> memoryview:
+        self.arrays.append(np.empty(nbytes, dtype=np.uint8))
+        return memoryview(self.arrays[-1])
+
+    def holds(self, value: Any) -> bool:
+        return any(np.shares_memory(np.frombuffer(value, dtype=np.uint8), array) for array in self.arrays)
+
+
+def test_local_files_are_read_whole_into_the_memory_given(tmp_path: Path) -> None:
+    objects = {f"s/{k}": os.urandom(3000 + k) for k in range(3)}
+    for key, data in objects.items():
+        (tmp_path / key).parent.mkdir(exist_ok=True)
+        (tmp_path / key).write_bytes(data)
+    inner, given = LocalInner(tmp_path), _Given()
+    keys = [*objects, "s/absent"]
+    got = asyncio.run(inner.get_whole_into(keys, given))
+    plain = asyncio.run(inner.get_many_versioned([(key, None) for key in keys], [None] * len(keys)))
+    assert [bytes(value) if value is not None else None for value, _ in got] == [*objects.values(), None]
+    assert all(given.holds(value) for value, _ in got[:3])
+    assert [version for _, version in got] == [version for _, version in plain]
+    assert sorted(len(array) for array in given.arrays) == [3000, 3001, 3002]
+
+
+def test_a_store_that_cannot_read_into_memory_returns_what_it_read(tmp_path: Path) -> None:
+    inner, given = MappingInner({"a": b"first", "b": b"second"}), _Given()
+    got = asyncio.run(inner.get_whole_into(["a", "b", "c"], given))
+    assert [value for value, _ in got] == [b"first", b"second", None]
+    assert given.arrays == []
+
+
+def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path) -> None:
+    """A wrapper overriding ``get_many_versioned`` (fault injection, latency) still
+    gets a bulk read's whole-shard fetches: only wrappers that pass
+    ``get_whole_into`` on (counting, a subdirectory) read into memory given."""
+
+    class Seen(DelegatingInner):
+        keys: list[str]
+
+        async def get_many_versioned(self, requests: Any, expected: Any) -> Any:
+            self.keys.extend(key for key, _ in requests)
+            return await self.inner.get_many_versioned(requests, expected)
+
+    seen = Seen(LocalInner(tmp_path))
+    seen.keys = []
+    counted = CountingInner(seen)
+    data = sample((16, 16), "f4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(counted, CPS), name="a", shape=(16, 16), chunks=(4, 4), dtype="f4"
+        )
+        arr[:] = data
+        seen.keys.clear()
+        counted.counts.reset()
+        reopened = zarr.open_array(ShardingStore(counted, CPS), path="a")
+        np.testing.assert_array_equal(reopened[:], data)
+    shards = [f"a/c/{i}/{j}" for i in range(2) for j in range(2)]
+    assert sorted(k for k in seen.keys if "/c/" in k) == shards
+    assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == shards
+
+
+@pytest.fixture
+def flats(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where the memory is that bulk reads ask of their ShardBuffers for shards read
+    whole, with no memory left by an earlier test."""
+    asked: list[int] = []
+
+    class Spied(ShardBuffers):
+        def flat(self, nbytes: int) -> memoryview:
+            given = super().flat(nbytes)
+            asked.append(np.frombuffer(given, dtype=np.uint8).ctypes.data)
+            return given
+
+    monkeypatch.setattr(shardstore.pipeline, "ShardBuffers", Spied)
+    monkeypatch.setattr(shardstore.shard_buffers, "_SPARE", shardstore.shard_buffers._Spare())
+    return asked
+
+
+@pytest.mark.parametrize("compressors", ["auto", None])
+def test_a_bulk_read_of_many_groups_reads_each_into_memory_let_go_of(
+    tmp_path: Path, flats: list[int], monkeypatch: pytest.MonkeyPatch, compressors: Any
+) -> None:
+    """Sixteen shards in groups of one, two groups in memory at once: every shard is
+    read into given memory, later groups into that of groups decoded before, and
+    every value is the one written, read once and again on a new handle."""
+    monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
+    data = sample((32, 32), "f4")
+    inner = CountingInner(LocalInner(tmp_path))
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(inner, CPS),
+            name="a",
+            shape=(32, 32),
+            chunks=(4, 4),
+            dtype="f4",
+            compressors=compressors,
+        )
+        arr[:] = data
+        for _ in range(2):
+            flats.clear()
+            inner.counts.reset()
+            reopened = zarr.open_array(ShardingStore(inner, CPS, fetch_concurrency=2), path="a")
+            np.testing.assert_array_equal(reopened[:], data)
+            shards = {key: n for key, n in inner.counts.unranged_reads.items() if "/c/" in key}
+            assert len(flats) == sum(shards.values()) == len(shards) == 16
+            assert len(set(flats)) <= 4  # (two groups of one shard at once: a few more)
+            del reopened
+
+
+def test_a_shard_the_cache_keeps_is_never_read_into_memory_given(tmp_path: Path, flats: list[int]) -> None:
+    """A read of part of a shard (not all its chunks) keeps the shard in the cache:
+    that one is read as bytes of its own, so that no later read overwrites it."""
+    data = sample((16, 16), "u2")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(LocalInner(tmp_path), (4, 4)),
+            name="a", shape=(16, 16), chunks=(2, 2), dtype="u2", serializer=BytesCodec(), compressors=None,
+        )  # fmt: skip
+        arr[:] = data
+        store = ShardingStore(LocalInner(tmp_path), (4, 4), read_strategy="shard")
+        reopened = zarr.open_array(store, path="a")
+        np.testing.assert_array_equal(reopened[:6, :6], data[:6, :6])  # 9 chunks of shard 0, 0
+        assert store.internals.cache_usage()["shards"][0] >= 1
+        assert flats == []
+        np.testing.assert_array_equal(reopened[:], data)  # the cached shard, and the others whole
+        np.testing.assert_array_equal(reopened[:6, :6], data[:6, :6])
+
+
+def test_memory_a_caller_still_holds_after_a_read_is_not_read_into(tmp_path: Path) -> None:
+    """What a call kept for the next is memory nothing referred to when it ended: a
+    chunk the zarr array handed out was copied out of it, and later reads never
+    change what an earlier read returned."""
+    data = [sample((32, 32), "i4", seed=s) for s in range(3)]
+    inner = LocalInner(tmp_path)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(inner, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="i4"
+        )
+        results = []
+        for value in data:
+            arr[:] = value
+            results.append(zarr.open_array(ShardingStore(inner, CPS), path="a")[:])
+    for got, value in zip(results, data, strict=True):
+        np.testing.assert_array_equal(got, value)
