@@ -284,6 +284,38 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     assert counted.counts.reads == 1  # the joined fetch's own (the cancelled one never completed)
 
 
+async def test_a_cancelled_read_that_joined_a_fetch_leaves_it_to_the_others() -> None:
+    """A read that joined a fetch under way and is then cancelled takes neither the
+    fetch nor the other reads waiting for it down with it: the one that sent it and a
+    third that joined it get the shard, from the one request."""
+    counted, _ = _written(HeldMapping)
+    held = counted.inner
+    assert isinstance(held, HeldMapping)
+    store = ShardingStore(counted, read_strategy="shard")
+    await store.get("a/zarr.json", default_buffer_prototype())
+    info = await store.internals.array_of_key("a/c/1/1")
+    assert info is not None
+    where = locate(info, "a/c/1/1", (1, 1))
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw.capabilities)
+    reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
+    counted.counts.reset()
+    held.hold()
+    first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
+    await held.held.wait()  # the first fetch is under way ...
+    second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
+    third = asyncio.ensure_future(reader.fetch_shards([where.shard]))
+    await _turns()  # ... the others have joined it
+    second.cancel()
+    await _turns()
+    held.release()
+    for task in (first, third):
+        ((snapshot, error),) = await asyncio.wait_for(task, 5)
+        assert error is None and snapshot is not None
+        assert snapshot.chunk(where.position) is not None
+    assert second.cancelled()
+    assert counted.counts.reads == 1
+
+
 def test_a_corrupt_shard_raises_naming_it_and_others_still_read() -> None:
     counted, backing = _written()
     backing["a/c/0/1"] = backing["a/c/0/1"][:-3]

@@ -196,7 +196,8 @@ class ShardReader:
         :meth:`read_chunks` serves them, in one inner round (after one more for uncached
         indices). A shard read by ranges comes as a snapshot of the wanted chunks alone,
         not cached: the caller reads every chunk out of a snapshot alike. ``into``: memory
-        to read shards into that pass through uncached (see :meth:`fetch_shards`)."""
+        to read into what is not cached (shards passing through, see
+        :meth:`fetch_shards`, and spans of chunks)."""
         ways = self._ways([(shard, set(places)) for shard, places, _ in wanted])
         got: list[ShardSnapshot | None] = list(ways.cached)
 
@@ -209,7 +210,7 @@ class ShardReader:
 
         async def spans() -> None:
             found = await span_snapshots(
-                self._inner, self._indices, self._index_cache, [wanted[s] for s in spanned]
+                self._inner, self._indices, self._index_cache, [wanted[s] for s in spanned], into
             )
             for s, snapshot in zip(spanned, found, strict=True):
                 got[s] = snapshot
@@ -367,7 +368,7 @@ class ShardReader:
         chunks): they pass through without entering the shard cache, so that a
         bulk read does not push out what repeated reads keep there. A batch of such
         shards alone is read into memory ``into`` gives, where given and the store
-        reads into memory (:meth:`~shardstore.inner.InnerStore.get_whole_into`): a
+        reads into memory (:meth:`~shardstore.inner.InnerStore.get_many_into`): a
         bulk read's caller gives memory a group read before it no longer needs."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
@@ -381,7 +382,8 @@ class ShardReader:
                 waits.append(future)
         if mine:
             await self._fetch(loop, mine, passing, into)
-        outcomes = [await future for future in waits]
+        # (shielded: a read cancelled while it waits must not cancel a fetch others wait for)
+        outcomes = [await asyncio.shield(future) for future in waits]
         abandoned = [i for i, (snapshot, error) in enumerate(outcomes) if snapshot is None and error is None]
         if abandoned:  # the fetch we joined was cancelled: fetch those ourselves
             again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing, into=into)
@@ -402,7 +404,9 @@ class ShardReader:
         try:
             raws: Sequence[tuple[ChunkBytes | None, Hashable | None]]
             if into is not None and all(key in passing for key in keys):
-                raws = await self._inner.get_whole_into(keys, into)
+                raws = await self._inner.get_many_into(
+                    [(key, None) for key in keys], [None] * len(keys), into
+                )
             else:
                 raws = await self._inner.get_many_versioned([(key, None) for key in keys], [None] * len(keys))
             outcomes = [
