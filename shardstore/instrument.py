@@ -86,11 +86,14 @@ class CountingInner(DelegatingInner):
         self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
         return results
 
-    async def get_whole_into(
-        self, keys: Sequence[str], into: ReadInto
+    async def get_many_into(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
-        results = await self.inner.get_whole_into(keys, into)
-        self._count_reads([(key, None) for key in keys], [value for value, _ in results])
+        results = await self.inner.get_many_into(requests, expected, into)
+        self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
         return results
 
     async def get_many_if_modified(

@@ -104,7 +104,7 @@ class StoreInternals:
         self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]], into: ReadInto | None = None
     ) -> list[ShardSnapshot]:
         """The shards of a read of many chunks, as snapshots holding the places wanted
-        of each, those passing through uncached read into ``into`` (see
+        of each, what is not cached read into memory ``into`` gives (see
         :meth:`ShardReader.read_shards`)."""
         return await self._reader.read_shards(wanted, into)
 

@@ -49,7 +49,7 @@ def test_local_files_are_read_whole_into_the_memory_given(tmp_path: Path) -> Non
         (tmp_path / key).write_bytes(data)
     inner, given = LocalInner(tmp_path), _Given()
     keys = [*objects, "s/absent"]
-    got = asyncio.run(inner.get_whole_into(keys, given))
+    got = asyncio.run(inner.get_many_into([(key, None) for key in keys], [None] * len(keys), given))
     plain = asyncio.run(inner.get_many_versioned([(key, None) for key in keys], [None] * len(keys)))
     assert [bytes(value) if value is not None else None for value, _ in got] == [*objects.values(), None]
     assert all(given.holds(value) for value, _ in got[:3])
@@ -59,7 +59,7 @@ def test_local_files_are_read_whole_into_the_memory_given(tmp_path: Path) -> Non
 
 def test_a_store_that_cannot_read_into_memory_returns_what_it_read(tmp_path: Path) -> None:
     inner, given = MappingInner({"a": b"first", "b": b"second"}), _Given()
-    got = asyncio.run(inner.get_whole_into(["a", "b", "c"], given))
+    got = asyncio.run(inner.get_many_into([(key, None) for key in "abc"], [None] * 3, given))
     assert [value for value, _ in got] == [b"first", b"second", None]
     assert given.arrays == []
 
@@ -67,7 +67,7 @@ def test_a_store_that_cannot_read_into_memory_returns_what_it_read(tmp_path: Pat
 def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path) -> None:
     """A wrapper overriding ``get_many_versioned`` (fault injection, latency) still
     gets a bulk read's whole-shard fetches: only wrappers that pass
-    ``get_whole_into`` on (counting, a subdirectory) read into memory given."""
+    ``get_many_into`` on (counting, a subdirectory) read into memory given."""
 
     class Seen(DelegatingInner):
         keys: list[str]
@@ -79,19 +79,43 @@ def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path)
     seen = Seen(LocalInner(tmp_path))
     seen.keys = []
     counted = CountingInner(seen)
-    data = sample((16, 16), "f4")
+    data = sample((32, 32), "f4")
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
         arr = zarr.create_array(
-            ShardingStore(counted, CPS), name="a", shape=(16, 16), chunks=(4, 4), dtype="f4"
+            ShardingStore(counted, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
         )
         arr[:] = data
         seen.keys.clear()
         counted.counts.reset()
         reopened = zarr.open_array(ShardingStore(counted, CPS), path="a")
         np.testing.assert_array_equal(reopened[:], data)
-    shards = [f"a/c/{i}/{j}" for i in range(2) for j in range(2)]
+    shards = [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]
     assert sorted(k for k in seen.keys if "/c/" in k) == shards
     assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == shards
+
+
+def test_a_local_store_whose_subclass_changes_reads_reads_through_it(tmp_path: Path) -> None:
+    """A LocalInner subclass overriding ``get_many_versioned`` (to audit or change
+    what is read) sees a bulk read's whole-shard fetches too."""
+
+    class Audited(LocalInner):
+        seen: list[str]
+
+        async def get_many_versioned(self, requests: Any, expected: Any) -> Any:
+            self.seen.extend(key for key, _ in requests)
+            return await super().get_many_versioned(requests, expected)
+
+    inner = Audited(tmp_path)
+    inner.seen = []
+    data = sample((32, 32), "f4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(inner, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
+        )
+        arr[:] = data
+        inner.seen.clear()
+        np.testing.assert_array_equal(zarr.open_array(ShardingStore(inner, CPS), path="a")[:], data)
+    assert sorted(k for k in inner.seen if "/c/" in k) == [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]
 
 
 @pytest.fixture
@@ -117,7 +141,8 @@ def test_a_bulk_read_of_many_groups_reads_each_into_memory_let_go_of(
 ) -> None:
     """Sixteen shards in groups of one, two groups in memory at once: every shard is
     read into given memory, later groups into that of groups decoded before, and
-    every value is the one written, read once and again on a new handle."""
+    every value is the one written, read on a new handle (shards fetched whole) and
+    again on the same one (indices known: the chunks' spans read by range)."""
     monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
     data = sample((32, 32), "f4")
     inner = CountingInner(LocalInner(tmp_path))
@@ -139,6 +164,11 @@ def test_a_bulk_read_of_many_groups_reads_each_into_memory_let_go_of(
             shards = {key: n for key, n in inner.counts.unranged_reads.items() if "/c/" in key}
             assert len(flats) == sum(shards.values()) == len(shards) == 16
             assert len(set(flats)) <= 4  # (two groups of one shard at once: a few more)
+            flats.clear()
+            inner.counts.reset()
+            np.testing.assert_array_equal(reopened[:], data)
+            assert inner.counts.unranged_reads == {} and len(flats) == inner.counts.reads == 16
+            assert len(set(flats)) <= 4
             del reopened
 
 

@@ -106,7 +106,7 @@ ChunkBytes: TypeAlias = bytes | memoryview
 
 ReadInto: TypeAlias = Callable[[int], memoryview]
 """Writable memory of so many bytes to read an object into (see
-:meth:`InnerStore.get_whole_into`)."""
+:meth:`InnerStore.get_many_into`)."""
 
 
 _Bytes = TypeVar("_Bytes", bytes, memoryview)
@@ -327,14 +327,17 @@ class InnerStore(ABC):
         is at another version, that read returns ``STALE`` and reads nothing."""
         return [(value, None) for value in await self.get_many(requests)]
 
-    async def get_whole_into(
-        self, keys: Sequence[str], into: ReadInto
+    async def get_many_into(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
-        """Whole objects with their versions, as by :meth:`get_many_versioned`; a store
-        that reads into memory it is given (local files) reads each into ``into(size)``
-        and returns that, so that a caller reading many objects in turn can give the
-        same memory again rather than have new memory faulted in for each."""
-        return list(await self.get_many_versioned([(key, None) for key in keys], [None] * len(keys)))
+        """:meth:`get_many_versioned`; a store that reads into memory it is given
+        (local files) reads each value into ``into(size)`` and returns that, so that a
+        caller reading many objects in turn can give the same memory again rather
+        than have new memory faulted in for each."""
+        return list(await self.get_many_versioned(requests, expected))
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         """Append ``build(size, read)`` to an existing object, holding it exclusively.

@@ -191,10 +191,16 @@ class LocalInner(InnerStore):
         # (bytes: a read into given memory alone is not)
         return cast(list[tuple[bytes | None, Hashable | None]], await self._get_many(requests, expected))
 
-    async def get_whole_into(
-        self, keys: Sequence[str], into: ReadInto
+    async def get_many_into(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
-        return await self._get_many([(key, None) for key in keys], [None] * len(keys), into)
+        if type(self).get_many_versioned is not LocalInner.get_many_versioned:
+            # a subclass that changes reads (faults, delays) sees these too, as bytes
+            return await super().get_many_into(requests, expected, into)
+        return await self._get_many(requests, expected, into)
 
     async def _get_many(
         self,
@@ -265,9 +271,8 @@ class LocalInner(InnerStore):
 
     @staticmethod
     def _read(path: Path | str, byte_range: ByteRequest | None) -> bytes | None:
-        return cast(
-            bytes | None, LocalInner._read_versioned(path, byte_range, None)[0]
-        )  # (not into memory given)
+        value, _ = LocalInner._read_versioned(path, byte_range, None)
+        return cast(bytes | None, value)  # (read into no memory given: bytes)
 
     @staticmethod
     def _read_versioned(

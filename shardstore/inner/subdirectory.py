@@ -49,10 +49,13 @@ class SubdirectoryInner(DelegatingInner):
     ) -> list[tuple[bytes | None, Hashable | None]]:
         return await self.inner.get_many_versioned([(self._in(k), r) for k, r in requests], expected)
 
-    async def get_whole_into(
-        self, keys: Sequence[str], into: ReadInto
+    async def get_many_into(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
-        return await self.inner.get_whole_into([self._in(k) for k in keys], into)
+        return await self.inner.get_many_into([(self._in(k), r) for k, r in requests], expected, into)
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]

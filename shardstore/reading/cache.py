@@ -119,7 +119,8 @@ class ShardSnapshot:
     """A whole shard object with its checked index, as fetched by a request sent
     at ``fetched_at`` (``time.monotonic()``), at ``version`` where the store tells.
     Chunks are served from it as views (:data:`~shardstore.inner.ChunkBytes`): copying each chunk
-    out of its shard costs a large read as much as decoding it."""
+    out of its shard costs a large read as much as decoding it. Its bytes are a
+    memoryview where read into memory a read gave (one never cached)."""
 
     data: bytes | memoryview
     index: ChunkTable

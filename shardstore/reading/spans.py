@@ -13,7 +13,7 @@ its shard is a ShardFormatError naming it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,8 @@ from zarr.abc.store import RangeByteRequest
 
 from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ABSENT, ChunkTable, table_rows
-from shardstore.inner import STALE, InnerStore
-from shardstore.inner.base import failure
+from shardstore.inner import STALE, ChunkBytes, InnerStore
+from shardstore.inner.base import ReadInto, failure
 from shardstore.reading.cache import IndexCache, ShardSnapshot
 from shardstore.reading.indices import IndexReader
 from shardstore.reading.ranges import MERGE_GAP, merge_spans
@@ -135,7 +135,9 @@ def _snapshots(
             table[plan.places[lo:hi]] = rows[lo:hi]
         else:
             table.update(zip(plan.places[lo:hi].tolist(), map(tuple, rows[lo:hi].tolist()), strict=True))
-        snapshots[k] = ShardSnapshot(data if isinstance(data, bytes) else bytes(data), table, sent)
+        snapshots[k] = ShardSnapshot(
+            data if isinstance(data, bytes | memoryview) else bytes(data), table, sent
+        )
     return snapshots
 
 
@@ -144,10 +146,12 @@ async def span_snapshots(
     indices: IndexReader,
     index_cache: IndexCache,
     wanted: Sequence[tuple[ShardRef, list[int], list[str]]],
+    into: ReadInto | None = None,
 ) -> list[ShardSnapshot]:
     """Snapshots holding the chunks ``wanted[i][1]`` (chunk keys ``wanted[i][2]``, named in
     errors) of shards whose format has one index: the indices (cached or read in one
-    round), then the spans of every shard in one more."""
+    round), then the spans of every shard in one more, into memory ``into`` gives
+    where given (see :meth:`~shardstore.inner.InnerStore.get_many_into`)."""
     got: list[ShardSnapshot | None] = [None] * len(wanted)
     places = [np.asarray(p, dtype=np.intp) for _, p, _ in wanted]
 
@@ -161,7 +165,13 @@ async def span_snapshots(
             for key, start, stop in zip(keys, plan.starts.tolist(), plan.stops.tolist(), strict=True)
         ]
         with failure("read", keys[0] if keys else ""):
-            read = await inner.get_many_versioned(requests, versions) if requests else []
+            read: list[tuple[ChunkBytes | None, Hashable | None]]
+            if not requests:
+                read = []
+            elif into is None:
+                read = list(await inner.get_many_versioned(requests, versions))
+            else:
+                read = await inner.get_many_into(requests, versions, into)
         sent = time.monotonic()
         values = [value for value, _ in read]
         stale = {
