@@ -256,7 +256,8 @@ def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "damage", ["truncated", "too short", "outside the shard", "two frames", "trailing bytes"]
+    "damage",
+    ["truncated", "too short", "outside the shard", "two frames", "trailing bytes", "last unfinished"],
 )
 def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> None:
     codec = _zstd_codec((8, 8), "f4")
@@ -275,6 +276,11 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> Non
     elif damage == "trailing bytes":  # more than the frame in the chunk's bytes
         blob += b"junk"
         segments[1, 1] += 4
+    elif damage == "last unfinished":  # its checksum cut off: a stream just ends there
+        codec = _zstd_codec((8, 8), "f4", checksum=True)
+        frame = codec.encode(chunk)
+        blob = frame + frame[:-4]
+        segments = np.array([[0, len(frame)], [len(frame), len(frame) - 4]], dtype=np.uint64)
     else:  # what numcodecs would read as one chunk
         half = codec.encode(chunk[:4])
         blob = frame + half + half
