@@ -21,8 +21,9 @@ threads change unsynchronised), every array is new.
 When the call ends, what nothing refers to is kept for the next call, up to
 SPARE_BYTES in the process: memory freed goes back to the kernel, and the next
 read would pay the faults again (the 64 MiB zstd read: 6,000 faults and 14 ms of
-kernel time more than with memory kept, 4 ms of its time). What is still referred
-to (a shard the cache keeps, a chunk a caller holds) is left to its holders.
+kernel time more than with memory kept, 6 to 10 ms of its time). What is still
+referred to (a shard the cache keeps, a chunk a caller holds) is left to its
+holders.
 """
 
 from __future__ import annotations

@@ -260,7 +260,9 @@ async def test_concurrent_fetches_of_one_shard_share_one_request() -> None:
     assert counted.counts.reads == 1
 
 
-async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> None:
+async def _held_reader() -> tuple[CountingInner, HeldMapping, ShardReader, Any]:
+    """A reader of the written array whose next fetch is held, and where chunk
+    ``a/c/1/1`` is (its shard, its place)."""
     counted, _ = _written(HeldMapping)
     held = counted.inner
     assert isinstance(held, HeldMapping)
@@ -268,11 +270,15 @@ async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> Non
     await store.get("a/zarr.json", default_buffer_prototype())
     info = await store.internals.array_of_key("a/c/1/1")
     assert info is not None
-    where = locate(info, "a/c/1/1", (1, 1))
     policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw.capabilities)
     reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
     counted.counts.reset()
     held.hold()
+    return counted, held, reader, locate(info, "a/c/1/1", (1, 1))
+
+
+async def test_a_cancelled_fetch_does_not_strand_fetches_that_joined_it() -> None:
+    counted, held, reader, where = await _held_reader()
     first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await held.held.wait()  # the first fetch is under way ...
     second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
@@ -288,18 +294,7 @@ async def test_a_cancelled_read_that_joined_a_fetch_leaves_it_to_the_others() ->
     """A read that joined a fetch under way and is then cancelled takes neither the
     fetch nor the other reads waiting for it down with it: the one that sent it and a
     third that joined it get the shard, from the one request."""
-    counted, _ = _written(HeldMapping)
-    held = counted.inner
-    assert isinstance(held, HeldMapping)
-    store = ShardingStore(counted, read_strategy="shard")
-    await store.get("a/zarr.json", default_buffer_prototype())
-    info = await store.internals.array_of_key("a/c/1/1")
-    assert info is not None
-    where = locate(info, "a/c/1/1", (1, 1))
-    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), store.internals.raw.capabilities)
-    reader = ShardReader(store.internals.raw, IndexCache(2**20), ShardCache(2**20), policy)
-    counted.counts.reset()
-    held.hold()
+    counted, held, reader, where = await _held_reader()
     first = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await held.held.wait()  # the first fetch is under way ...
     second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
