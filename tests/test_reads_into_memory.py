@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,23 @@ def test_a_store_that_cannot_read_into_memory_returns_what_it_read(tmp_path: Pat
     assert given.arrays == []
 
 
+_SHARDS = [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]
+"""The shards of :func:`_written_and_read_back`'s array."""
+
+
+def _written_and_read_back(inner: Any, before_read: Callable[[], object]) -> None:
+    """A 32 x 32 array of 64 chunks in 16 shards (enough chunks to be read shard by
+    shard) written through ``inner``, then read whole through a new store over it."""
+    data = sample((32, 32), "f4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(inner, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
+        )
+        arr[:] = data
+        before_read()
+        np.testing.assert_array_equal(zarr.open_array(ShardingStore(inner, CPS), path="a")[:], data)
+
+
 def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path) -> None:
     """A wrapper overriding ``get_many_versioned`` (fault injection, latency) still
     gets a bulk read's whole-shard fetches: only wrappers that pass
@@ -79,19 +97,9 @@ def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path)
     seen = Seen(LocalInner(tmp_path))
     seen.keys = []
     counted = CountingInner(seen)
-    data = sample((32, 32), "f4")
-    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
-        arr = zarr.create_array(
-            ShardingStore(counted, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
-        )
-        arr[:] = data
-        seen.keys.clear()
-        counted.counts.reset()
-        reopened = zarr.open_array(ShardingStore(counted, CPS), path="a")
-        np.testing.assert_array_equal(reopened[:], data)
-    shards = [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]
-    assert sorted(k for k in seen.keys if "/c/" in k) == shards
-    assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == shards
+    _written_and_read_back(counted, before_read=lambda: (seen.keys.clear(), counted.counts.reset()))
+    assert sorted(k for k in seen.keys if "/c/" in k) == _SHARDS
+    assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == _SHARDS
 
 
 def test_a_local_store_whose_subclass_changes_reads_reads_through_it(tmp_path: Path) -> None:
@@ -107,15 +115,8 @@ def test_a_local_store_whose_subclass_changes_reads_reads_through_it(tmp_path: P
 
     inner = Audited(tmp_path)
     inner.seen = []
-    data = sample((32, 32), "f4")
-    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
-        arr = zarr.create_array(
-            ShardingStore(inner, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
-        )
-        arr[:] = data
-        inner.seen.clear()
-        np.testing.assert_array_equal(zarr.open_array(ShardingStore(inner, CPS), path="a")[:], data)
-    assert sorted(k for k in inner.seen if "/c/" in k) == [f"a/c/{i}/{j}" for i in range(4) for j in range(4)]
+    _written_and_read_back(inner, before_read=inner.seen.clear)
+    assert sorted(k for k in inner.seen if "/c/" in k) == _SHARDS
 
 
 @pytest.fixture
