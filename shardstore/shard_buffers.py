@@ -18,6 +18,10 @@ its reference count is what this holder's own references give. Where the
 interpreter gives no such count (PyPy; a free-threaded build, whose counts other
 threads change unsynchronised), every array is new.
 
+Only arrays of TRACKED_FROM bytes or more are handed out again: malloc serves smaller
+ones from its heap, in memory freed before, and tracking each of the thousand 4 KiB
+shards of a read of 64-byte chunks cost more than the read's decoding.
+
 When the call ends, what nothing refers to is kept for the next call, up to
 SPARE_BYTES in the process: memory freed goes back to the kernel, and the next
 read would pay the faults again (the 64 MiB zstd read: 6,000 faults and 14 ms of
@@ -28,9 +32,9 @@ holders.
 
 from __future__ import annotations
 
+import bisect
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any, Self, TypeAlias
 
 import numpy as np
@@ -41,6 +45,9 @@ __all__ = ["ShardBuffers"]
 ROOM = 32
 """A new array holds 1/ROOM more than asked for, so that a later shard a little bigger
 (shards read whole differ a little in size) fits in it."""
+TRACKED_FROM = 128 << 10
+"""Smaller arrays are always new (see the module docstring): glibc's malloc takes
+memory from the kernel (faults and zeros) from this size on, by default."""
 SPARE_BYTES = 48 << 20
 """Idle memory a process keeps between calls: what a whole read of 1 MiB shards holds
 at once (two groups of 16 shards fetched, a shard's chunks decoded per thread)."""
@@ -50,14 +57,8 @@ _COUNTED = hasattr(sys, "getrefcount") and getattr(sys, "_is_gil_enabled", lambd
 _Bytes: TypeAlias = npt.NDArray[np.uint8]
 
 
-def _best_fit(arrays: list[_Bytes], nbytes: int, usable: Callable[[int], bool]) -> int | None:
-    """The place in ``arrays`` of the smallest ``usable`` one of ``nbytes`` or more."""
-    fits = [i for i, array in enumerate(arrays) if usable(i) and len(array) >= nbytes]
-    return min(fits, key=lambda i: len(arrays[i])) if fits else None
-
-
 class _Spare:
-    """Idle arrays kept between calls, SPARE_BYTES at most."""
+    """Idle arrays kept between calls, SPARE_BYTES at most, smallest first."""
 
     def __init__(self) -> None:
         self._arrays: list[_Bytes] = []
@@ -65,8 +66,8 @@ class _Spare:
 
     def take(self, nbytes: int) -> _Bytes | None:
         with self._lock:
-            i = _best_fit(self._arrays, nbytes, lambda _: True)
-            return None if i is None else self._arrays.pop(i)
+            i = bisect.bisect_left(self._arrays, nbytes, key=len)
+            return self._arrays.pop(i) if i < len(self._arrays) else None
 
     def keep(self, arrays: list[_Bytes]) -> None:
         with self._lock:
@@ -74,7 +75,7 @@ class _Spare:
             for array in sorted(arrays, key=len):
                 if len(array) > room:
                     break
-                self._arrays.append(array)
+                bisect.insort(self._arrays, array, key=len)
                 room -= len(array)
 
 
@@ -114,15 +115,16 @@ class ShardBuffers:
 
     def _taken(self, nbytes: int) -> _Bytes:
         """The first ``nbytes`` of the smallest idle array that holds them: held, else
-        spare, else new."""
-        if not _COUNTED:
+        spare, else new (always new below TRACKED_FROM)."""
+        if nbytes < TRACKED_FROM or not _COUNTED:
             self.allocated += 1
             return np.empty(nbytes, dtype=np.uint8)
         with self._lock:
-            counts = [sys.getrefcount(held) for held in self._held]
-            i = _best_fit(self._held, nbytes, lambda i: i > 0 and counts[i] == counts[0])
-            if i is not None:
-                return self._held[i][:nbytes]  # type: ignore[no-any-return]
+            held = self._held
+            counts = [sys.getrefcount(array) for array in held]  # (each counted alike)
+            fits = [i for i in range(1, len(held)) if counts[i] == counts[0] and len(held[i]) >= nbytes]
+            if fits:
+                return held[min(fits, key=lambda i: len(held[i]))][:nbytes]  # type: ignore[no-any-return]
             array = _SPARE.take(nbytes)
             if array is None:
                 array = np.empty(nbytes + nbytes // ROOM, dtype=np.uint8)

@@ -466,6 +466,7 @@ def shard_buffers(monkeypatch: pytest.MonkeyPatch) -> list[_Spied]:
     monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
     monkeypatch.setattr(shardstore.pipeline, "ShardBuffers", _Spied)
     monkeypatch.setattr(shardstore.shard_buffers, "SPARE_BYTES", 0)
+    monkeypatch.setattr(shardstore.shard_buffers, "TRACKED_FROM", 0)  # (small shards here)
     monkeypatch.setattr(shardstore.shard_buffers, "_SPARE", shardstore.shard_buffers._Spare())
     monkeypatch.setattr(_Spied, "made", [])
     return _Spied.made

@@ -133,6 +133,7 @@ def flats(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(shardstore.pipeline, "ShardBuffers", Spied)
     monkeypatch.setattr(shardstore.shard_buffers, "_SPARE", shardstore.shard_buffers._Spare())
+    monkeypatch.setattr(shardstore.shard_buffers, "TRACKED_FROM", 0)  # (small shards here)
     return asked
 
 

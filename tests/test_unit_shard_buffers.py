@@ -19,8 +19,10 @@ def _address(array: np.ndarray | memoryview) -> int:
 
 @pytest.fixture(autouse=True)
 def _no_spare(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no memory an earlier call left."""
+    """Each test starts with no memory an earlier call left, and hands out again
+    arrays of any size."""
     monkeypatch.setattr(shard_buffers, "_SPARE", shard_buffers._Spare())
+    monkeypatch.setattr(shard_buffers, "TRACKED_FROM", 0)
     yield
 
 
@@ -136,6 +138,37 @@ def test_the_memory_kept_between_calls_is_bounded(monkeypatch: pytest.MonkeyPatc
     with ShardBuffers() as second:
         [second.flat(1000) for _ in range(3)]
         assert second.allocated == 1  # two of 1,031 bytes were kept, not three
+
+
+def test_the_smallest_kept_array_that_holds_a_request_is_taken_from_what_was_kept() -> None:
+    with ShardBuffers() as first:
+        arrays = [first.flat(n) for n in (3000, 1000, 2000)]
+        where = {len(a): _address(a) for a in arrays}
+        del arrays
+    with ShardBuffers() as second:
+        taken = [second.flat(n) for n in (1500, 900, 1100)]  # (all held)
+        assert [_address(a) for a in taken] == [where[2000], where[1000], where[3000]]
+        assert second.allocated == 0
+        second.flat(1100)
+        assert second.allocated == 1
+
+
+def test_small_arrays_are_always_new_and_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below TRACKED_FROM, malloc's heap uses memory again by itself: no array is
+    tracked, so a read of a thousand small shards never scans a thousand arrays."""
+    monkeypatch.setattr(shard_buffers, "TRACKED_FROM", 1000)
+    with ShardBuffers() as buffers:
+        for _ in range(50):
+            buffers.flat(999)
+            buffers.empty(9, 111)
+        assert buffers.allocated == 100 and len(buffers._held) == 1
+        buffers.flat(1000)  # (let go at once: idle)
+        buffers.flat(1000)
+        assert buffers.allocated == 101
+    with ShardBuffers() as later:
+        later.flat(900)
+        later.flat(1000)
+        assert later.allocated == 1  # the 1,000 bytes kept; nothing smaller was
 
 
 def test_where_no_reference_count_tells_every_array_is_new(monkeypatch: pytest.MonkeyPatch) -> None:
