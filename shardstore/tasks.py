@@ -86,13 +86,14 @@ _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | None = None) -> None:
-    """``work`` over ``range(n)`` cut into one slice per core (for work that releases
-    the GIL: codecs, system calls); every slice has ended when this returns or raises
-    (the first error), also when the call is cancelled: a thread cannot be stopped, so
-    it ends before the call unwinds. By ``nbytes``, where the caller says: each slice
-    in a worker thread (SHARED_FROM_BYTES or more, or unsaid), the caller's thread
-    doing the first slice and waiting for the others (less), or the caller's thread
-    doing all of it (less than ALONE_BELOW_BYTES)."""
+    """``work`` over ``range(n)`` by a thread per core (for work that releases the GIL:
+    codecs, system calls); all of it has ended when this returns or raises (the first
+    error), also when the call is cancelled: a thread cannot be stopped, so it ends
+    before the call unwinds. By ``nbytes``, where the caller says: a worker thread per
+    core, each taking the next item as it is done with one (SHARED_FROM_BYTES or more,
+    or unsaid; see :func:`_pulling`), a slice per core, the caller's thread doing the
+    first and waiting for the others (less), or the caller's thread doing all of it
+    (less than ALONE_BELOW_BYTES)."""
     if n == 0:
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
@@ -100,13 +101,14 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     if shared and (n == 1 or size < ALONE_BELOW_BYTES):
         work(range(n))
         return
-    step = -(-n // (os.cpu_count() or 1))
-    slices = [range(i, min(i + step, n)) for i in range(0, n, step)]
+    cores = os.cpu_count() or 1
     if shared:
-        _shared(work, slices)
+        step = -(-n // cores)
+        _shared(work, [range(i, min(i + step, n)) for i in range(0, n, step)])
         return
+    cursor = _Cursor(n)
     threads = asyncio.gather(
-        *(asyncio.to_thread(_let_go, [work], part) for part in slices), return_exceptions=True
+        *(asyncio.to_thread(_pulling, [work], cursor) for _ in range(min(n, cores))), return_exceptions=True
     )
     try:
         outcomes = await asyncio.shield(threads)
@@ -154,6 +156,41 @@ def _let_go(held: list[Callable[[range], None]], part: range) -> None:
     :mod:`~shardstore.shard_buffers`): a read's last group was held a moment past its
     end, too late to be kept for the next read, in 8 reads of 20."""
     held.pop()(part)
+
+
+class _Cursor:
+    """The items ``range(n)`` handed out one at a time to the threads that share them;
+    none after one has failed."""
+
+    def __init__(self, n: int) -> None:
+        self._next, self._n, self._stopped = 0, n, False
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        with self._lock:
+            if self._stopped or self._next >= self._n:
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+
+def _pulling(held: list[Callable[[range], None]], cursor: _Cursor) -> None:
+    """``held[0]`` over the items ``cursor`` hands this thread, one at a time, let go of
+    as :func:`_let_go` does. Not a fixed slice per thread: a thread held up (a page
+    fault that waits for the kernel to free or compact memory: tens of milliseconds
+    on a busy machine) leaves what it has not started to the others, who would
+    otherwise wait for it. A 64 MiB zstd read stalled so in about one run of three."""
+    work = held.pop()
+    try:
+        while (k := cursor.take()) is not None:
+            work(range(k, k + 1))
+    except BaseException:
+        cursor.stop()
+        raise
 
 
 def _helper_pool() -> concurrent.futures.ThreadPoolExecutor:

@@ -171,34 +171,57 @@ def test_settle_leaves_the_callers_own_loop_alone() -> None:
     assert asyncio.run(scenario())
 
 
-def test_in_threads_shares_the_work_out_and_raises_only_once_every_slice_has_ended(
+def test_in_threads_shares_the_work_out_and_raises_only_once_every_item_begun_has_ended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """One slice per core; a failing slice's error is raised after the other slices end
-    (nothing runs on after the call), and every item is worked on exactly once."""
+    """A thread per core takes one item at a time; a failing item's error is raised
+    after the items other threads began have ended (nothing runs on after the call),
+    and every item is worked on exactly once."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
     parts: list[range] = []
     asyncio.run(tasks.in_threads(parts.append, 7))
-    assert sorted(parts, key=lambda r: r.start) == [range(0, 4), range(4, 7)]
+    assert sorted(parts, key=lambda r: r.start) == [range(k, k + 1) for k in range(7)]
 
-    failed, ended = threading.Event(), threading.Event()
+    begun, failed, ended = threading.Event(), threading.Event(), threading.Event()
 
     def failing(part: range) -> None:
         if 0 in part:
+            assert begun.wait(timeout=30)
             failed.set()
-            raise OSError("slice 0 failed")
+            raise OSError("item 0 failed")
+        begun.set()
         assert failed.wait(timeout=30)
         ended.set()
 
-    with pytest.raises(OSError, match="slice 0"):
+    with pytest.raises(OSError, match="item 0"):
         asyncio.run(tasks.in_threads(failing, 2))
     assert ended.is_set()
 
 
+def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first item ends only once all the others have: with a fixed slice per thread,
+    the second item would wait behind the first on its thread, forever."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    done: list[int] = []
+    rest = threading.Event()
+
+    def work(part: range) -> None:
+        if part.start == 0:
+            assert rest.wait(timeout=30), f"the other items were left behind: only {done} done"
+        done.append(part.start)
+        if len(done) == 3:
+            rest.set()
+
+    asyncio.run(tasks.in_threads(work, 4))
+    assert done[-1] == 0 and sorted(done) == [0, 1, 2, 3]
+
+
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
-    piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a slice per
-    worker thread, the caller's thread free."""
+    piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a thread per
+    core taking an item at a time, the caller's thread free."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
     seen: list[tuple[range, threading.Thread]] = []
 
@@ -216,7 +239,9 @@ def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.Mo
     for nbytes in (tasks.SHARED_FROM_BYTES, None):  # (None: the caller cannot tell)
         seen.clear()
         caller = asyncio.run(run(6, nbytes))
-        assert sorted((part for part, _ in seen), key=lambda r: r.start) == [range(0, 3), range(3, 6)]
+        assert sorted((part for part, _ in seen), key=lambda r: r.start) == [
+            range(k, k + 1) for k in range(6)
+        ]
         assert all(thread is not caller for _, thread in seen)
 
 
@@ -277,7 +302,7 @@ def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy
 
 
 class _Work:
-    """Work that records the threads of its slices, to be watched with a weak reference."""
+    """Work that records the threads of its calls, to be watched with a weak reference."""
 
     def __init__(self) -> None:
         self.threads: list[threading.Thread] = []
@@ -303,7 +328,7 @@ def test_in_threads_lets_go_of_the_work_before_it_returns(
             work = _Work()
             gone = weakref.ref(work)
             asyncio.run(tasks.in_threads(work, 6, nbytes=nbytes))
-            assert len(work.threads) == 2
+            assert len(work.threads) == (2 if nbytes < tasks.SHARED_FROM_BYTES else 6)  # (slices; items)
             del work
             assert gone() is None, nbytes
     finally:
