@@ -113,6 +113,7 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     try:
         outcomes = await asyncio.shield(threads)
     except asyncio.CancelledError:
+        cursor.stop()  # (what no thread has begun is not wanted any more)
         await threads
         raise
     for outcome in outcomes:
@@ -160,7 +161,7 @@ def _let_go(held: list[Callable[[range], None]], part: range) -> None:
 
 class _Cursor:
     """The items ``range(n)`` handed out one at a time to the threads that share them;
-    none after one has failed."""
+    none after one has failed or the call was cancelled."""
 
     def __init__(self, n: int) -> None:
         self._next, self._n, self._stopped = 0, n, False

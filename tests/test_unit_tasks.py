@@ -218,6 +218,33 @@ def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
     assert done[-1] == 0 and sorted(done) == [0, 1, 2, 3]
 
 
+def test_a_cancelled_call_begins_no_more_items_and_returns_once_those_begun_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    done: list[int] = []
+    begun = threading.Semaphore(0)
+    release = threading.Event()
+
+    def work(part: range) -> None:
+        begun.release()
+        assert release.wait(timeout=30)
+        done.append(part.start)
+
+    async def cancelled() -> None:
+        call = asyncio.ensure_future(tasks.in_threads(work, 10))
+        for _ in range(2):  # both threads at work
+            await asyncio.to_thread(begun.acquire, timeout=30)
+        call.cancel()
+        await asyncio.sleep(0)  # (one turn of the loop: the call runs its cancellation)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert sorted(done) == [0, 1]
+
+    asyncio.run(cancelled())
+
+
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
     piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a thread per
