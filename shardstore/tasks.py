@@ -87,9 +87,9 @@ _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 
 async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | None = None) -> None:
     """``work`` over ``range(n)`` by a thread per core (for work that releases the GIL:
-    codecs, system calls); all of it has ended when this returns or raises (the first
-    error), also when the call is cancelled: a thread cannot be stopped, so it ends
-    before the call unwinds. By ``nbytes``, where the caller says: a worker thread per
+    codecs, system calls); all of it begun has ended when this returns or raises (the
+    first error), also when the call is cancelled: a thread cannot be stopped, so what
+    it has begun ends before the call unwinds. By ``nbytes``, where the caller says: a worker thread per
     core, each taking the next item as it is done with one (SHARED_FROM_BYTES or more,
     or unsaid; see :func:`_pulling`), a slice per core, the caller's thread doing the
     first and waiting for the others (less), or the caller's thread doing all of it
