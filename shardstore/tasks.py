@@ -24,6 +24,8 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import os
 import threading
 import time
@@ -107,14 +109,25 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
         _shared(work, [range(i, min(i + step, n)) for i in range(0, n, step)])
         return
     cursor = _Cursor(n)
+    loop = asyncio.get_running_loop()
+    # (futures, not tasks: asyncio.run's teardown cancels every task, and a cancelled
+    # task that waits on a thread ends while the thread runs on)
     threads = asyncio.gather(
-        *(asyncio.to_thread(_pulling, [work], cursor) for _ in range(min(n, cores))), return_exceptions=True
+        *(
+            loop.run_in_executor(
+                None, functools.partial(contextvars.copy_context().run, _pulling, [work], cursor)
+            )
+            for _ in range(min(n, cores))
+        ),
+        return_exceptions=True,
     )
     try:
         outcomes = await asyncio.shield(threads)
-    except asyncio.CancelledError:
+    except BaseException:
         cursor.stop()  # (what no thread has begun is not wanted any more)
-        await threads
+        while not threads.done():  # (cancelled again meanwhile: the threads still run)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(threads)
         raise
     for outcome in outcomes:
         if isinstance(outcome, BaseException):

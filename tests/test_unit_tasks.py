@@ -245,6 +245,52 @@ def test_a_cancelled_call_begins_no_more_items_and_returns_once_those_begun_end(
     asyncio.run(cancelled())
 
 
+@pytest.mark.parametrize("how", ["cancelled twice", "asyncio.run ends"])
+def test_a_call_never_unwinds_while_its_threads_still_work(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Cancelled again while it waits for its threads, or cancelled with every other
+    task as ``asyncio.run`` ends, the call still waits for the items begun: they
+    write into the caller's buffers."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    running: list[int] = []
+    begun = threading.Semaphore(0)
+    release = threading.Event()
+    unwound: list[list[int]] = []
+
+    def work(part: range) -> None:
+        running.append(part.start)
+        begun.release()
+        assert release.wait(timeout=30)
+        running.remove(part.start)
+
+    async def call() -> None:
+        try:
+            await tasks.in_threads(work, 4)
+        finally:
+            unwound.append(list(running))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(call())
+        for _ in range(2):  # both threads at work
+            await asyncio.to_thread(begun.acquire, timeout=30)
+        if how == "asyncio.run ends":
+            stopped = threading.Event()  # (the call has heard it is cancelled)
+            stop = tasks._Cursor.stop
+            monkeypatch.setattr(tasks._Cursor, "stop", lambda self: (stop(self), stopped.set()))
+            threading.Thread(target=lambda: (stopped.wait(30), release.set()), daemon=True).start()
+            return  # (asyncio.run cancels the task, and waits for it)
+        for _ in range(2):
+            task.cancel()
+            await asyncio.sleep(0)  # (one turn of the loop: the call hears it)
+        done, _ = await asyncio.wait([task], timeout=0.2)
+        assert not done  # (the threads are still held)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert unwound == [[]]
+
+
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
     piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a thread per
