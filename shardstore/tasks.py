@@ -91,11 +91,11 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     """``work`` over ``range(n)`` by a thread per core (for work that releases the GIL:
     codecs, system calls); all of it begun has ended when this returns or raises (the
     first error), also when the call is cancelled: a thread cannot be stopped, so what
-    it has begun ends before the call unwinds. By ``nbytes``, where the caller says: a worker thread per
-    core, each taking the next item as it is done with one (SHARED_FROM_BYTES or more,
-    or unsaid; see :func:`_pulling`), a slice per core, the caller's thread doing the
-    first and waiting for the others (less), or the caller's thread doing all of it
-    (less than ALONE_BELOW_BYTES)."""
+    it has begun ends before the call unwinds. By ``nbytes``, where the caller says: a
+    worker thread per core, each taking the next item as it is done with one
+    (SHARED_FROM_BYTES or more, or unsaid; see :func:`_pulling`), a slice per core, the
+    caller's thread doing the first and waiting for the others (less), or the caller's
+    thread doing all of it (less than ALONE_BELOW_BYTES)."""
     if n == 0:
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
@@ -123,9 +123,10 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     )
     try:
         outcomes = await asyncio.shield(threads)
-    except BaseException:
+    except BaseException as stopped:
         cursor.stop()  # (what no thread has begun is not wanted any more)
-        while not threads.done():  # (cancelled again meanwhile: the threads still run)
+        # (cancelled again meanwhile, the threads still run; closed, nothing can be awaited)
+        while not threads.done() and not isinstance(stopped, GeneratorExit):
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(threads)
         raise

@@ -291,6 +291,31 @@ def test_a_call_never_unwinds_while_its_threads_still_work(monkeypatch: pytest.M
     assert unwound == [[]]
 
 
+def test_a_call_closed_unawaited_hands_out_no_more_items(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coroutine closed where it waits (its loop gone) cannot wait for its threads,
+    but closes quietly, and they take no new item after the one each has begun."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    done: list[int] = []
+    begun = threading.Semaphore(0)
+    release = threading.Event()
+
+    def work(part: range) -> None:
+        begun.release()
+        assert release.wait(timeout=30)
+        done.append(part.start)
+
+    async def main() -> None:
+        call = tasks.in_threads(work, 10)
+        call.send(None)  # (to its first wait)
+        for _ in range(2):  # both threads at work
+            await asyncio.to_thread(begun.acquire, timeout=30)
+        call.close()
+        release.set()
+
+    asyncio.run(main())  # (its end waits for the executor's threads)
+    assert sorted(done) == [0, 1]
+
+
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
     piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a thread per
