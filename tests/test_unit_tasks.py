@@ -218,29 +218,43 @@ def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
     assert done[-1] == 0 and sorted(done) == [0, 1, 2, 3]
 
 
+class _HeldItems:
+    """Work whose items, once begun, wait for ``release``: to stop a call while its two
+    threads are at work (``both_begun``) and see what they did."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+        self.done: list[int] = []
+        self.running: list[int] = []
+        self.release = threading.Event()
+        self._begun = threading.Semaphore(0)
+
+    def __call__(self, part: range) -> None:
+        self.running.append(part.start)
+        self._begun.release()
+        assert self.release.wait(timeout=30)
+        self.running.remove(part.start)
+        self.done.append(part.start)
+
+    async def both_begun(self) -> None:
+        for _ in range(2):
+            assert await asyncio.to_thread(self._begun.acquire, timeout=30)
+
+
 def test_a_cancelled_call_begins_no_more_items_and_returns_once_those_begun_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
-    done: list[int] = []
-    begun = threading.Semaphore(0)
-    release = threading.Event()
-
-    def work(part: range) -> None:
-        begun.release()
-        assert release.wait(timeout=30)
-        done.append(part.start)
+    work = _HeldItems(monkeypatch)
 
     async def cancelled() -> None:
         call = asyncio.ensure_future(tasks.in_threads(work, 10))
-        for _ in range(2):  # both threads at work
-            await asyncio.to_thread(begun.acquire, timeout=30)
+        await work.both_begun()
         call.cancel()
         await asyncio.sleep(0)  # (one turn of the loop: the call runs its cancellation)
-        release.set()
+        work.release.set()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert sorted(done) == [0, 1]
+        assert sorted(work.done) == [0, 1]
 
     asyncio.run(cancelled())
 
@@ -250,40 +264,30 @@ def test_a_call_never_unwinds_while_its_threads_still_work(monkeypatch: pytest.M
     """Cancelled again while it waits for its threads, or cancelled with every other
     task as ``asyncio.run`` ends, the call still waits for the items begun: they
     write into the caller's buffers."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
-    running: list[int] = []
-    begun = threading.Semaphore(0)
-    release = threading.Event()
+    work = _HeldItems(monkeypatch)
     unwound: list[list[int]] = []
-
-    def work(part: range) -> None:
-        running.append(part.start)
-        begun.release()
-        assert release.wait(timeout=30)
-        running.remove(part.start)
 
     async def call() -> None:
         try:
             await tasks.in_threads(work, 4)
         finally:
-            unwound.append(list(running))
+            unwound.append(list(work.running))
 
     async def main() -> None:
         task = asyncio.ensure_future(call())
-        for _ in range(2):  # both threads at work
-            await asyncio.to_thread(begun.acquire, timeout=30)
+        await work.both_begun()
         if how == "asyncio.run ends":
             stopped = threading.Event()  # (the call has heard it is cancelled)
             stop = tasks._Cursor.stop
             monkeypatch.setattr(tasks._Cursor, "stop", lambda self: (stop(self), stopped.set()))
-            threading.Thread(target=lambda: (stopped.wait(30), release.set()), daemon=True).start()
+            threading.Thread(target=lambda: (stopped.wait(30), work.release.set()), daemon=True).start()
             return  # (asyncio.run cancels the task, and waits for it)
         for _ in range(2):
             task.cancel()
             await asyncio.sleep(0)  # (one turn of the loop: the call hears it)
         done, _ = await asyncio.wait([task], timeout=0.2)
         assert not done  # (the threads are still held)
-        release.set()
+        work.release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
 
@@ -294,26 +298,17 @@ def test_a_call_never_unwinds_while_its_threads_still_work(monkeypatch: pytest.M
 def test_a_call_closed_unawaited_hands_out_no_more_items(monkeypatch: pytest.MonkeyPatch) -> None:
     """A coroutine closed where it waits (its loop gone) cannot wait for its threads,
     but closes quietly, and they take no new item after the one each has begun."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
-    done: list[int] = []
-    begun = threading.Semaphore(0)
-    release = threading.Event()
-
-    def work(part: range) -> None:
-        begun.release()
-        assert release.wait(timeout=30)
-        done.append(part.start)
+    work = _HeldItems(monkeypatch)
 
     async def main() -> None:
         call = tasks.in_threads(work, 10)
         call.send(None)  # (to its first wait)
-        for _ in range(2):  # both threads at work
-            await asyncio.to_thread(begun.acquire, timeout=30)
+        await work.both_begun()
         call.close()
-        release.set()
+        work.release.set()
 
     asyncio.run(main())  # (its end waits for the executor's threads)
-    assert sorted(done) == [0, 1]
+    assert sorted(work.done) == [0, 1]
 
 
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
