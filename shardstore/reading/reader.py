@@ -403,12 +403,11 @@ class ShardReader:
         keys = [shard.key for shard, _ in mine]
         try:
             raws: Sequence[tuple[ChunkBytes | None, Hashable | None]]
+            requests: list[tuple[str, ByteRequest | None]] = [(key, None) for key in keys]
             if into is not None and all(key in passing for key in keys):
-                raws = await self._inner.get_many_into(
-                    [(key, None) for key in keys], [None] * len(keys), into
-                )
+                raws = await self._inner.get_many_into(requests, [None] * len(keys), into)
             else:
-                raws = await self._inner.get_many_versioned([(key, None) for key in keys], [None] * len(keys))
+                raws = await self._inner.get_many_versioned(requests, [None] * len(keys))
             outcomes = [
                 self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
                 for (shard, _), (raw, version) in zip(mine, raws, strict=True)
