@@ -464,6 +464,9 @@ cost about 0.3 ms, more than so few chunks save. Warm reads of 16 KiB zstd chunk
 GROUP_BYTES = 8 << 20
 """Small shards go in groups this big (before compression): a group costs a round of
 requests and a thread hop or two whatever its size."""
+GROUP_MAX_BYTES = 64 << 20
+"""Big shards go in groups no bigger than this (before compression; one shard at
+least), whatever ``fetch_concurrency`` says: 64 shards of 8 MiB would hold 512 MiB."""
 REMOTE_WRITE_GROUPS = 4
 """Groups a write to a remote store holds at once: one encoded while the others commit,
 whose requests wait on round trips. Elsewhere a write holds two, as a read does (one
@@ -472,12 +475,16 @@ work that more commits at once only contend for."""
 
 
 def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list[range]:
-    """Shards in ``held`` groups per ``fetch_concurrency``, or of as many small shards as
-    hold GROUP_BYTES / ``held``: with ``held`` groups in memory at once (see
-    :func:`_ahead`), ``fetch_concurrency`` shards (or twice GROUP_BYTES) at most."""
+    """Shards in ``held`` groups per ``fetch_concurrency`` (big shards: GROUP_MAX_BYTES a
+    group), or of as many small shards as hold GROUP_BYTES / ``held``: with ``held``
+    groups in memory at once (see :func:`_ahead`), ``fetch_concurrency`` shards (or
+    twice GROUP_BYTES) at most."""
     n_shards = len(routed.shards)
     nominal = routed.shards[0].nominal_nbytes if n_shards else None
-    size = max(1, fetch_concurrency // held, 2 * GROUP_BYTES // held // nominal if nominal else 0)
+    size = fetch_concurrency // held
+    if nominal:
+        size = max(min(size, GROUP_MAX_BYTES // nominal), 2 * GROUP_BYTES // held // nominal)
+    size = max(1, size)
     return [range(i, min(i + size, n_shards)) for i in range(0, n_shards, size)]
 
 

@@ -547,6 +547,25 @@ def test_small_shards_are_read_as_many_as_fill_group_bytes_a_batch(
     assert (inner.counts.read_batches, inner.counts.reads) == (4 // group_bytes, 4)
 
 
+@pytest.mark.usefixtures("pipeline", "groups_by_count")
+@pytest.mark.parametrize("max_shards", [1, 2, 4])
+def test_big_shards_are_read_no_more_than_group_max_bytes_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_shards: int
+) -> None:
+    """However many shards ``fetch_concurrency`` allows, a group of big shards holds
+    GROUP_MAX_BYTES at most (one shard at least): a read holds two groups at once."""
+    store, _ = _counted(tmp_path)
+    data = sample((64, 64), "f4")  # 4 shards of 4 x 4 chunks of 8 x 8: 4 KiB each
+    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
+    monkeypatch.setattr(shardstore.pipeline, "GROUP_MAX_BYTES", max_shards * 4096 + 4095)
+    reader, inner = _counted(tmp_path, fetch_concurrency=64)
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.open_array(reader, path="a")
+        inner.counts.reset()
+        np.testing.assert_array_equal(arr[:], data)
+    assert (inner.counts.read_batches, inner.counts.reads) == (4 // max_shards, 4)
+
+
 @pytest.mark.usefixtures("groups_by_count")
 def test_a_whole_read_and_write_hold_at_most_fetch_concurrency_shards(tmp_path: Path) -> None:
     """Peak memory (as tracemalloc sees numpy's and Python's allocations) of a whole read
