@@ -312,9 +312,9 @@ def test_a_call_closed_unawaited_hands_out_no_more_items(monkeypatch: pytest.Mon
 
 
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES) the work is one
-    piece on the caller's thread; from SHARED_FROM_BYTES on (or unsaid), a thread per
-    core taking an item at a time, the caller's thread free."""
+    """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES, or any work below it
+    on two cores) the work is one piece on the caller's thread; from SHARED_FROM_BYTES
+    on (or unsaid), a thread per core taking an item at a time, the caller's thread free."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
     seen: list[tuple[range, threading.Thread]] = []
 
@@ -325,7 +325,11 @@ def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.Mo
         await tasks.in_threads(work, n, nbytes=nbytes)
         return threading.current_thread()
 
-    for n, small in ((6, tasks.ALONE_BELOW_BYTES - 1), (1, tasks.SHARED_FROM_BYTES - 1)):
+    for n, small in (
+        (6, tasks.ALONE_BELOW_BYTES - 1),
+        (1, tasks.SHARED_FROM_BYTES - 1),
+        (6, tasks.SHARED_FROM_BYTES - 1),
+    ):
         seen.clear()
         caller = asyncio.run(run(n, small))
         assert seen == [(range(n), caller)]
@@ -346,6 +350,7 @@ def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy
     every helper busy elsewhere, the caller's thread does the other slice itself
     instead of waiting; a helper's error is raised once every slice has ended."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     monkeypatch.setattr(tasks, "_helpers", None)
     middling = tasks.SHARED_FROM_BYTES - 1
     seen: list[tuple[range, threading.Thread]] = []
@@ -413,6 +418,7 @@ def test_in_threads_lets_go_of_the_work_before_it_returns(
     ShardBuffers) is free at the call's end, not some moment after, also where a busy
     helper's share was taken back and waits in its queue."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     monkeypatch.setattr(tasks, "_helpers", None)
     release = threading.Event()
     busy = tasks._helper_pool().submit(release.wait, 30) if busy_helper else None
@@ -436,6 +442,7 @@ def test_in_threads_never_raises_while_a_helpers_slice_still_runs(monkeypatch: p
     waits for that slice to end before raising: the helper writes into the caller's
     buffers."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     started, interrupted, ended = threading.Event(), threading.Event(), threading.Event()
 
@@ -473,6 +480,7 @@ def test_in_threads_does_every_slice_itself_when_the_helpers_take_no_more_work(
     """At interpreter exit the helper pool refuses new work: the caller's thread then
     does it all, as it did below ALONE_BELOW_BYTES."""
     monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     closed = concurrent.futures.ThreadPoolExecutor(1)
     closed.shutdown()
     monkeypatch.setattr(tasks, "_helper_pool", lambda: closed)
