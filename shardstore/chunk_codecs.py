@@ -150,8 +150,9 @@ class _Zstd:
 
         A stream ends quietly where its input does, also in the middle of a frame: a
         frame before the last that never ends runs into the next one's magic number,
-        which no block header allows, but the last is decoded once more on its own,
-        which fails where it is unfinished (and checks its checksum, if it has one)."""
+        which no block header allows. Where the last one ends its headers say
+        (:func:`_frame_end`): it must end where its chunk does, neither cut short
+        (a missing checksum goes unnoticed by a stream) nor followed by more."""
         for offset, nbytes in segments.tolist():
             said = zstandard.frame_content_size(data[offset : offset + nbytes])
             if said == -1:
@@ -163,8 +164,33 @@ class _Zstd:
         reader = dctx.stream_reader(data[int(segments[0, 0]) : stop], read_across_frames=True)
         if reader.readinto(into) != len(into) or reader.read(1):
             raise ValueError("the frames do not hold the chunks' bytes, end to end")
-        into[len(into) - size :] = dctx.decompress(data[last:stop])  # (ValueError if not ``size`` bytes)
+        if _frame_end(data, last, stop) != stop:
+            raise ValueError("the last chunk's bytes are not one whole zstd frame")
         return True
+
+
+def _frame_end(data: memoryview, start: int, stop: int) -> int | None:
+    """Where the zstd frame at ``start`` of ``data`` ends, by its headers (RFC 8878,
+    3.1.1): the magic number, a frame header whose first byte says its size, blocks
+    each led by three bytes giving its size, its type and whether it is the last, and
+    a checksum where the first byte says so. None where the frame does not fit before
+    ``stop``, or is no plain zstd frame."""
+    if stop - start < 8 or int.from_bytes(data[start : start + 4], "little") != 0xFD2FB528:
+        return None
+    descriptor = data[start + 4]
+    single_segment, size_flag, dictionary_flag = (descriptor >> 5) & 1, descriptor >> 6, descriptor & 3
+    at = start + 5 + (1 - single_segment) + (4 if dictionary_flag == 3 else dictionary_flag)
+    at += (1 << size_flag) if size_flag else single_segment
+    while at + 3 <= stop:
+        header = int.from_bytes(data[at : at + 3], "little")
+        kind = (header >> 1) & 3
+        if kind == 3:  # (reserved)
+            return None
+        at += 3 + (1 if kind == 1 else header >> 3)  # (an RLE block is one byte)
+        if header & 1:
+            end = at + 4 * ((descriptor >> 2) & 1)
+            return end if end <= stop else None
+    return None
 
 
 def _end_to_end(segments: npt.NDArray[np.uint64]) -> bool:

@@ -257,7 +257,15 @@ def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["truncated", "too short", "outside the shard", "two frames", "trailing bytes", "last unfinished"],
+    [
+        "truncated",
+        "too short",
+        "outside the shard",
+        "two frames",
+        "trailing bytes",
+        "trailing frame start",
+        "last unfinished",
+    ],
 )
 def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> None:
     codec = _zstd_codec((8, 8), "f4")
@@ -276,6 +284,9 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> Non
     elif damage == "trailing bytes":  # more than the frame in the chunk's bytes
         blob += b"junk"
         segments[1, 1] += 4
+    elif damage == "trailing frame start":  # what a stream reads as a frame yet to come
+        blob += frame[:3]
+        segments[1, 1] += 3
     elif damage == "last unfinished":  # its checksum cut off: a stream just ends there
         codec = _zstd_codec((8, 8), "f4", checksum=True)
         frame = codec.encode(chunk)
@@ -287,6 +298,41 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> Non
         segments[1, 1] = 2 * len(half)
     with pytest.raises(ValueError):
         codec.decode_stacked(blob, segments, (8, 8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["random", "constant", "smooth"]),
+    st.sampled_from([1, 1000, 40_000, 300_000]),
+    st.booleans(),
+    st.booleans(),
+    st.binary(max_size=5),
+)
+def test_a_frames_end_is_where_its_headers_say(
+    content: str, nbytes: int, checksum: bool, streamed: bool, after: bytes
+) -> None:
+    """Raw, RLE and compressed blocks, one or many (over 128 KiB), a checksum or none,
+    the content size said or not (a streamed frame): the end found is the frame's."""
+    import zstandard
+
+    from shardstore.chunk_codecs import _frame_end
+
+    rng = np.random.default_rng(nbytes)
+    data = {
+        "random": rng.integers(0, 256, nbytes, dtype=np.uint8),
+        "constant": np.full(nbytes, 7, dtype=np.uint8),
+        "smooth": (np.arange(nbytes) // 97 % 256).astype(np.uint8),
+    }[content].tobytes()
+    compressor = zstandard.ZstdCompressor(write_checksum=checksum)
+    if streamed:
+        stream = compressor.compressobj()
+        frame = stream.compress(data) + stream.flush()
+    else:
+        frame = compressor.compress(data)
+    blob = memoryview(b"xy" + frame + after)
+    assert _frame_end(blob, 2, len(blob)) == 2 + len(frame)
+    assert _frame_end(blob, 2, 1 + len(frame)) is None  # (cut short)
+    assert _frame_end(memoryview(b"xy" + b"\0" + frame[1:]), 2, 2 + len(frame)) is None  # (no magic)
 
 
 def test_chains_other_than_zstd_alone_or_without_zstandard_go_chunk_by_chunk(
