@@ -122,11 +122,11 @@ class _Zstd:
     def decode_many(self, data: Any, segments: npt.NDArray[np.uint64], size: int, into: memoryview) -> None:
         """The frames at ``segments`` (rows of offset and length; at least one) of
         ``data`` decompressed side by side into ``into``, each to exactly ``size``
-        bytes, in one call that lets go of the GIL once. Raises ValueError on damage
-        (a frame that does not decompress, or not to ``size`` bytes: which one, the
-        caller finds out)."""
+        bytes, in one call (the GIL let go of while each frame decodes). Raises
+        ValueError on damage (a frame that does not decompress, or not to ``size``
+        bytes: which one, the caller finds out)."""
         try:
-            if _end_to_end(segments) and self._streamed_into(memoryview(data), segments, size, into):
+            if self._streamed_into(memoryview(data), segments.tolist(), size, into):
                 return
             chunks = self._contexts()[1].multi_decompress_to_buffer(
                 zstandard.BufferWithSegments(data, _native(segments)),
@@ -138,33 +138,35 @@ class _Zstd:
         for i in range(len(chunks)):
             into[i * size : (i + 1) * size] = chunks[i]  # (ValueError if not ``size`` bytes)
 
-    def _streamed_into(
-        self, data: memoryview, segments: npt.NDArray[np.uint64], size: int, into: memoryview
-    ) -> bool:
-        """:meth:`decode_many` of frames that lie end to end, in order: one stream over
+    def _streamed_into(self, data: memoryview, rows: list[list[int]], size: int, into: memoryview) -> bool:
+        """:meth:`decode_many` of frames that lie end to end, in order (``rows`` of offset
+        and length, as :meth:`decode_many`'s ``segments``): one stream over
         them all, straight into ``into``. Less than half the time of decompressing each
         frame on its own and joining them (16 KiB chunks: 0.85 against 2.0 ms a MiB):
         no memory asked for each frame, nor a copy. Each frame must say it holds
         ``size`` bytes (zstd holds it to that), and all of them fill ``into`` exactly.
-        False, nothing done, where a frame does not say its size (a streamed one).
+        False, nothing done, where the frames do not lie so, or one does not say its size
+        (a streamed one).
 
         A stream ends quietly where its input does, also in the middle of a frame: a
         frame before the last that never ends runs into the next one's magic number,
         which no block header allows. Where the last one ends its headers say
         (:func:`_frame_end`): it must end where its chunk does, neither cut short
         (a missing checksum goes unnoticed by a stream) nor followed by more."""
-        for offset, nbytes in segments.tolist():
-            said = zstandard.frame_content_size(data[offset : offset + nbytes])
+        start = end = rows[0][0]
+        for offset, nbytes in rows:
+            if offset != end:
+                return False
+            end += nbytes
+            said = zstandard.frame_content_size(data[offset:end])
             if said == -1:
                 return False
             if said != size:
                 raise ValueError(f"a frame says it holds {said} bytes, not {size}")
-        dctx = self._contexts()[1]
-        last, stop = int(segments[-1, 0]), int(segments[-1, 0] + segments[-1, 1])
-        reader = dctx.stream_reader(data[int(segments[0, 0]) : stop], read_across_frames=True)
+        reader = self._contexts()[1].stream_reader(data[start:end], read_across_frames=True)
         if reader.readinto(into) != len(into) or reader.read(1):
             raise ValueError("the frames do not hold the chunks' bytes, end to end")
-        if _frame_end(data, last, stop) != stop:
+        if _frame_end(data, rows[-1][0], end) != end:
             raise ValueError("the last chunk's bytes are not one whole zstd frame")
         return True
 
@@ -191,12 +193,6 @@ def _frame_end(data: memoryview, start: int, stop: int) -> int | None:
             end = at + 4 * ((descriptor >> 2) & 1)
             return end if end <= stop else None
     return None
-
-
-def _end_to_end(segments: npt.NDArray[np.uint64]) -> bool:
-    """Whether the pieces at ``segments`` (rows of offset and length) follow each other
-    without a gap, in order."""
-    return bool(np.array_equal(segments[1:, 0], segments[:-1, 0] + segments[:-1, 1]))
 
 
 def _native(segments: npt.NDArray[np.uint64]) -> bytes:
