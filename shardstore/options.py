@@ -28,7 +28,7 @@ many small ones. Larger shards are read by index and merged chunk ranges."""
 DEFAULT_FETCH_CONCURRENCY = 64
 """Shards one read or write of many chunks works on at once (its requests in flight
 together), and so the number of shards it holds in memory (no more than
-``pipeline.GROUP_MAX_BYTES`` a group). 64, not 32: a whole read of 1 MiB zstd shards
+``pipeline.HELD_MAX_BYTES`` of them). 64, not 32: a whole read of 1 MiB zstd shards
 then decodes groups of 32, and each group's end, where one thread finishes its last
 shard while the other waits, comes half as often (64 MiB: 92 against 105 ms, zarrs
 74; 32 MiB more held at once)."""

@@ -8,7 +8,7 @@ shard once per ``arr[...] = ...`` (each burst of ten chunks rewrites the shards
 it touches, and durability forbids holding a chunk back). This pipeline sees
 the whole selection: it groups its chunks by shard (a selection of a few
 chunks goes through the store chunk by chunk: :func:`_chunk_by_chunk`) and works on
-``fetch_concurrency`` shards at a time in two groups, with one batched read per
+``fetch_concurrency`` shards (HELD_MAX_BYTES at most) at a time in two groups, with one batched read per
 group (the next group's read under way while this one decodes; the next
 group encoded while this one commits) and one commit per shard, done when
 durable. The common codec chains are decoded straight into the
@@ -464,9 +464,10 @@ cost about 0.3 ms, more than so few chunks save. Warm reads of 16 KiB zstd chunk
 GROUP_BYTES = 8 << 20
 """Small shards go in groups this big (before compression): a group costs a round of
 requests and a thread hop or two whatever its size."""
-GROUP_MAX_BYTES = 64 << 20
-"""Big shards go in groups no bigger than this (before compression; one shard at
-least), whatever ``fetch_concurrency`` says: 64 shards of 8 MiB would hold 512 MiB."""
+HELD_MAX_BYTES = 128 << 20
+"""A read or write holds big shards this many bytes at most at once (before
+compression, in all its groups; a shard a group at least), whatever
+``fetch_concurrency`` says: 64 shards of 8 MiB would be 512 MiB."""
 REMOTE_WRITE_GROUPS = 4
 """Groups a write to a remote store holds at once: one encoded while the others commit,
 whose requests wait on round trips. Elsewhere a write holds two, as a read does (one
@@ -475,15 +476,15 @@ work that more commits at once only contend for."""
 
 
 def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list[range]:
-    """Shards in ``held`` groups per ``fetch_concurrency`` (big shards: GROUP_MAX_BYTES a
-    group), or of as many small shards as hold GROUP_BYTES / ``held``: with ``held``
-    groups in memory at once (see :func:`_ahead`), ``fetch_concurrency`` shards (or
-    twice GROUP_BYTES) at most."""
+    """Shards in ``held`` groups per ``fetch_concurrency`` (big shards: HELD_MAX_BYTES
+    per ``held`` groups), or of as many small shards as hold GROUP_BYTES / ``held``:
+    with ``held`` groups in memory at once (see :func:`_ahead`), ``fetch_concurrency``
+    shards (or twice GROUP_BYTES) at most, and HELD_MAX_BYTES."""
     n_shards = len(routed.shards)
     nominal = routed.shards[0].nominal_nbytes if n_shards else None
     size = fetch_concurrency // held
     if nominal:
-        size = max(min(size, GROUP_MAX_BYTES // nominal), 2 * GROUP_BYTES // held // nominal)
+        size = max(min(size, HELD_MAX_BYTES // held // nominal), 2 * GROUP_BYTES // held // nominal)
     size = max(1, size)
     return [range(i, min(i + size, n_shards)) for i in range(0, n_shards, size)]
 

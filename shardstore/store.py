@@ -96,7 +96,7 @@ class ShardingStore(Store):
             once; a read fetches half of them while it decodes the other half
             (small shards: as many as hold 8 MiB a half; big ones: 64 MiB at most
             a half), a write commits up to three quarters while it encodes the last
-            (small shards: 4 MiB a quarter).
+            (small shards: 4 MiB a quarter; big ones: 32 MiB at most).
         renumbering: What a resize of a neuroglancer-format array does when the new
             grid gives stored chunks other ids: ``"migrate"`` moves them (a copy
             committed by the metadata write), ``"refuse"`` raises

@@ -300,41 +300,6 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> Non
         codec.decode_stacked(blob, segments, (8, 8))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.sampled_from(["random", "constant", "smooth"]),
-    st.sampled_from([1, 1000, 40_000, 300_000]),
-    st.booleans(),
-    st.booleans(),
-    st.binary(max_size=5),
-)
-def test_a_frames_end_is_where_its_headers_say(
-    content: str, nbytes: int, checksum: bool, streamed: bool, after: bytes
-) -> None:
-    """Raw, RLE and compressed blocks, one or many (over 128 KiB), a checksum or none,
-    the content size said or not (a streamed frame): the end found is the frame's."""
-    import zstandard
-
-    from shardstore.chunk_codecs import _frame_end
-
-    rng = np.random.default_rng(nbytes)
-    data = {
-        "random": rng.integers(0, 256, nbytes, dtype=np.uint8),
-        "constant": np.full(nbytes, 7, dtype=np.uint8),
-        "smooth": (np.arange(nbytes) // 97 % 256).astype(np.uint8),
-    }[content].tobytes()
-    compressor = zstandard.ZstdCompressor(write_checksum=checksum)
-    if streamed:
-        stream = compressor.compressobj()
-        frame = stream.compress(data) + stream.flush()
-    else:
-        frame = compressor.compress(data)
-    blob = memoryview(b"xy" + frame + after)
-    assert _frame_end(blob, 2, len(blob)) == 2 + len(frame)
-    assert _frame_end(blob, 2, 1 + len(frame)) is None  # (cut short)
-    assert _frame_end(memoryview(b"xy" + b"\0" + frame[1:]), 2, 2 + len(frame)) is None  # (no magic)
-
-
 def test_chains_other_than_zstd_alone_or_without_zstandard_go_chunk_by_chunk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -549,15 +549,15 @@ def test_small_shards_are_read_as_many_as_fill_group_bytes_a_batch(
 
 @pytest.mark.usefixtures("pipeline", "groups_by_count")
 @pytest.mark.parametrize("max_shards", [1, 2, 4])
-def test_big_shards_are_read_no_more_than_group_max_bytes_a_batch(
+def test_big_shards_are_read_no_more_than_half_held_max_bytes_a_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_shards: int
 ) -> None:
-    """However many shards ``fetch_concurrency`` allows, a group of big shards holds
-    GROUP_MAX_BYTES at most (one shard at least): a read holds two groups at once."""
+    """However many shards ``fetch_concurrency`` allows, a read (two groups at once)
+    holds HELD_MAX_BYTES of big shards at most (a shard a group at least)."""
     store, _ = _counted(tmp_path)
     data = sample((64, 64), "f4")  # 4 shards of 4 x 4 chunks of 8 x 8: 4 KiB each
     zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
-    monkeypatch.setattr(shardstore.pipeline, "GROUP_MAX_BYTES", max_shards * 4096 + 4095)
+    monkeypatch.setattr(shardstore.pipeline, "HELD_MAX_BYTES", 2 * (max_shards * 4096 + 4095))
     reader, inner = _counted(tmp_path, fetch_concurrency=64)
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
         arr = zarr.open_array(reader, path="a")

@@ -173,8 +173,22 @@ def test_chunks_of_shards_whose_indices_are_known_are_read_by_ranges(tmp_path: P
     assert inner.counts.bytes_read <= 2 * stored // 16 + 4096  # two chunk rows of 16, not 4 shards
 
 
-@pytest.mark.parametrize("layout", ["raw", "zstd", "zstd-crc32c"])
-def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(tmp_path: Path, layout: str) -> None:
+@pytest.mark.parametrize(
+    ("layout", "damage"),
+    [
+        ("raw", "short"),
+        ("zstd", "garbage"),
+        ("zstd-crc32c", "garbage"),
+        ("zstd", "a byte after"),
+        ("zstd", "a frame's start after"),
+        ("zstd", "a whole frame after"),
+    ],
+)
+def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(
+    tmp_path: Path, layout: str, damage: str
+) -> None:
+    """Also where the chunk's bytes are a whole frame and more, which a stream of the
+    shard's frames, or a call that decodes a frame, would take without a word."""
     errors = []
     for pipeline in (ZARR_PIPELINE, PIPELINE_PATH):
         arr = _array(tmp_path, layout, pipeline)
@@ -185,7 +199,13 @@ def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(tmp_path
             assert info is not None and info.shard_format is not None
             fmt = info.shard_format
             chunks = fmt.split(shard.read_bytes(), str(shard))
-            chunks[4] = chunks[4][:-1] if layout == "raw" else b"\xff" * len(chunks[4])  # short, or garbage
+            chunks[4] = {
+                "short": chunks[4][:-1],
+                "garbage": b"\xff" * len(chunks[4]),
+                "a byte after": chunks[4] + b"j",
+                "a frame's start after": chunks[4] + chunks[4][:3],
+                "a whole frame after": chunks[4] + chunks[4],
+            }[damage]
             shard.write_bytes(fmt.build(chunks))
             with pytest.raises(Exception) as caught:
                 zarr.open_array(ShardingStore(str(tmp_path / pipeline)), path="a")[:]

@@ -340,6 +340,14 @@ def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.Mo
             range(k, k + 1) for k in range(6)
         ]
         assert all(thread is not caller for _, thread in seen)
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 3)  # (SHARED_FROM_CORES: shared, a slice a core)
+    seen.clear()
+    asyncio.run(run(6, tasks.SHARED_FROM_BYTES - 1))
+    assert sorted((part for part, _ in seen), key=lambda r: r.start) == [
+        range(0, 2),
+        range(2, 4),
+        range(4, 6),
+    ]
 
 
 def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy_one(
