@@ -8,9 +8,9 @@ shard once per ``arr[...] = ...`` (each burst of ten chunks rewrites the shards
 it touches, and durability forbids holding a chunk back). This pipeline sees
 the whole selection: it groups its chunks by shard (a selection of a few
 chunks goes through the store chunk by chunk: :func:`_chunk_by_chunk`) and works on
-``fetch_concurrency`` shards (HELD_MAX_BYTES at most) at a time in two groups, with one batched read per
-group (the next group's read under way while this one decodes; the next
-group encoded while this one commits) and one commit per shard, done when
+``fetch_concurrency`` shards (HELD_MAX_BYTES at most) at a time in two groups, with
+one batched read per group (the next group's read under way while this one decodes;
+the next group encoded while this one commits) and one commit per shard, done when
 durable. The common codec chains are decoded straight into the
 output and encoded straight from the value (:mod:`shardstore.chunk_codecs`),
 a thread per core. For an array that zarr shards itself it is zarr's

@@ -535,16 +535,22 @@ def test_small_shards_are_read_as_many_as_fill_group_bytes_a_batch(
 ) -> None:
     """A batch per group costs as much for small shards as for big ones: a group holds
     half ``fetch_concurrency`` shards, or as many as GROUP_BYTES hold."""
-    store, _ = _counted(tmp_path)
-    data = sample((64, 64), "f4")  # 4 shards of 4 x 4 chunks of 8 x 8: 4 KiB each
-    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
     monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", group_bytes * 4096)
-    reader, inner = _counted(tmp_path, fetch_concurrency=2)
+    assert _whole_read_batches(tmp_path, fetch_concurrency=2) == (4 // group_bytes, 4)
+
+
+def _whole_read_batches(tmp_path: Path, fetch_concurrency: int) -> tuple[int, int]:
+    """(read batches, reads) of a whole read of 4 shards of 4 KiB each (4 x 4 chunks
+    of 8 x 8)."""
+    store, _ = _counted(tmp_path)
+    data = sample((64, 64), "f4")
+    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
+    reader, inner = _counted(tmp_path, fetch_concurrency=fetch_concurrency)
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
         arr = zarr.open_array(reader, path="a")
         inner.counts.reset()
         np.testing.assert_array_equal(arr[:], data)
-    assert (inner.counts.read_batches, inner.counts.reads) == (4 // group_bytes, 4)
+    return inner.counts.read_batches, inner.counts.reads
 
 
 @pytest.mark.usefixtures("pipeline", "groups_by_count")
@@ -554,16 +560,8 @@ def test_big_shards_are_read_no_more_than_half_held_max_bytes_a_batch(
 ) -> None:
     """However many shards ``fetch_concurrency`` allows, a read (two groups at once)
     holds HELD_MAX_BYTES of big shards at most (a shard a group at least)."""
-    store, _ = _counted(tmp_path)
-    data = sample((64, 64), "f4")  # 4 shards of 4 x 4 chunks of 8 x 8: 4 KiB each
-    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
     monkeypatch.setattr(shardstore.pipeline, "HELD_MAX_BYTES", 2 * (max_shards * 4096 + 4095))
-    reader, inner = _counted(tmp_path, fetch_concurrency=64)
-    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
-        arr = zarr.open_array(reader, path="a")
-        inner.counts.reset()
-        np.testing.assert_array_equal(arr[:], data)
-    assert (inner.counts.read_batches, inner.counts.reads) == (4 // max_shards, 4)
+    assert _whole_read_batches(tmp_path, fetch_concurrency=64) == (4 // max_shards, 4)
 
 
 @pytest.mark.usefixtures("groups_by_count")
