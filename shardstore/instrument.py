@@ -22,7 +22,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from shardstore.inner import STALE, UNCHANGED, AppendBuilder, Change, ChunkBytes, adapt
-from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED, ReadInto, written_nbytes
+from shardstore.inner.base import DEFAULT_ATTEMPTS, NOT_MODIFIED, ReadInto, ReadThen, written_nbytes
 from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["CountingInner", "CountingStore", "RequestCounts"]
@@ -61,13 +61,16 @@ class CountingInner(DelegatingInner):
     def _count_reads(
         self, requests: Sequence[tuple[str, ByteRequest | None]], values: Sequence[ChunkBytes | None]
     ) -> None:
+        self._count_sizes(requests, [0 if value is None else len(value) for value in values])
+
+    def _count_sizes(self, requests: Sequence[tuple[str, ByteRequest | None]], sizes: Sequence[int]) -> None:
         self.counts.read_batches += 1
         self.counts.reads += len(requests)
-        for (key, byte_range), value in zip(requests, values, strict=True):
+        for (key, byte_range), size in zip(requests, sizes, strict=True):
             self.counts.read_keys[key] += 1
             if byte_range is None:
                 self.counts.unranged_reads[key] += 1
-            self.counts.bytes_read += 0 if value is None else len(value)
+            self.counts.bytes_read += size
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
         value = await self.inner.get(key, byte_range)
@@ -91,7 +94,19 @@ class CountingInner(DelegatingInner):
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
         into: ReadInto,
+        then: ReadThen | None = None,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        if then is not None:  # each value goes to then, not into the list: its size is noted on the way
+            sizes = [0] * len(requests)
+            handed = then
+
+            def then(k: int, value: ChunkBytes | None, version: Hashable | None) -> None:
+                sizes[k] = 0 if value is None or value is STALE else len(value)
+                handed(k, value, version)
+
+            results = await self.inner.get_many_into(requests, expected, into, then)
+            self._count_sizes(requests, sizes)
+            return results
         results = await self.inner.get_many_into(requests, expected, into)
         self._count_reads(requests, [v if v is not STALE else None for v, _ in results])
         return results

@@ -16,7 +16,7 @@ from shardstore.listing import ShardLister
 from shardstore.metadata import ArrayInfo, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.reading.cache import ShardSnapshot
-from shardstore.reading.reader import ShardReader
+from shardstore.reading.reader import EachShard, ShardReader
 from shardstore.routing import KeyRouter, RoutedChunks
 from shardstore.writing.updates import BuiltShard
 from shardstore.writing.writer import ShardWriter
@@ -101,12 +101,16 @@ class StoreInternals:
         )
 
     async def read_shards(
-        self, wanted: Sequence[tuple[ShardAddress, list[int], list[str]]], into: ReadInto | None = None
-    ) -> list[ShardSnapshot]:
+        self,
+        wanted: Sequence[tuple[ShardAddress, list[int], list[str]]],
+        into: ReadInto | None = None,
+        each: EachShard | None = None,
+    ) -> list[ShardSnapshot | None]:
         """The shards of a read of many chunks, as snapshots holding the places wanted
-        of each, what is not cached read into memory ``into`` gives (see
-        :meth:`ShardReader.read_shards`)."""
-        return await self._reader.read_shards(wanted, into)
+        of each, what is not cached read into memory ``into`` gives; those read whole
+        given to ``each`` as they are read where the inner store ``reads_in_threads``
+        (None in the list: see :meth:`ShardReader.read_shards`)."""
+        return await self._reader.read_shards(wanted, into, each)
 
     async def array_at(self, path: str) -> ArrayInfo | None:
         """What the store knows of the array at ``path`` (None: no array there)."""

@@ -70,7 +70,9 @@ from shardstore.chunk_work import (
 )
 from shardstore.default_pipeline import PIPELINE_PATH, become_default
 from shardstore.errors import ShardingConfigError
+from shardstore.internals import StoreInternals
 from shardstore.reading.cache import ShardSnapshot
+from shardstore.reading.reader import EachShard
 from shardstore.routing import RoutedChunks
 from shardstore.shard_buffers import ShardBuffers
 from shardstore.store import ShardingStore
@@ -231,35 +233,54 @@ class ShardAwarePipeline(BatchedCodecPipeline):
     ) -> Any:
         """:meth:`read` of chunks routed at once: shard by shard, each shard's chunks
         decoded from its snapshot straight into ``out`` by a thread per core (a shard's
-        chunks that are a box of its block in ``out`` placed there in one operation)."""
+        chunks that are a box of its block in ``out`` placed there in one operation).
+        Where the inner store reads in threads (local files), a shard read whole is
+        decoded by the thread that read it, as soon as it is read, from memory the
+        CPU's cache still holds (see :func:`_placed_as_read`); elsewhere a group is
+        fetched while the last one decodes."""
         internals = store.internals
         members = _members(routed)
         boxes = _boxes(chunks, routed, drop_axes)
         results: list[Any] = [None] * len(chunks)
-        groups = _groups(routed, internals.fetch_concurrency)
-        buffers = ShardBuffers()  # (a group read whole, or decoded, takes memory one before let go of)
+        failed: list[tuple[int, bytes | None]] = []
+        buffers = ShardBuffers()  # (a shard read whole, or decoded, takes memory one before let go of)
 
-        def fetch(group: range) -> Awaitable[list[ShardSnapshot]]:
-            wanted = _wanted(chunks, routed, [(s, members[s]) for s in group])
-            return internals.read_shards(wanted, buffers.flat)
-
-        async def decode(group: range, snapshots: list[ShardSnapshot]) -> None:
-            parts = _parts(routed, members, boxes, group, snapshots)
-            failed: list[tuple[int, bytes | None]] = []
-            scatter = functools.partial(
-                scatter_shards, codec, chunks, parts, routed.block, out=out, drop_axes=drop_axes,
-                reports=results, failed=failed, empty=buffers.empty,
-            )  # fmt: skip
-            await in_threads(
-                scatter, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
+        def fetch(
+            group: Sequence[int], each: EachShard | None = None
+        ) -> Awaitable[list[ShardSnapshot | None]]:
+            return internals.read_shards(
+                _wanted(chunks, routed, [(s, members[s]) for s in group]), buffers.flat, each
             )
-            if failed:  # zarr's codecs decode them, or say what is wrong
-                redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
-                for (n, _), result in zip(failed, redone or (), strict=False):
-                    results[n] = result
+
+        def scatter(parts: list[ShardPart], part: range) -> None:
+            scatter_shards(
+                codec, chunks, parts, routed.block, part, out=out, drop_axes=drop_axes, reports=results,
+                failed=failed, empty=buffers.empty,
+            )  # fmt: skip
+
+        def decoded_as_read(group: range) -> EachShard:
+            return lambda i, snapshot: scatter(
+                _parts(routed, members, boxes, [group[i]], [snapshot]), range(1)
+            )
+
+        async def decode(group: Sequence[int], snapshots: Sequence[ShardSnapshot | None]) -> None:
+            left = [
+                (s, snapshot) for s, snapshot in zip(group, snapshots, strict=True) if snapshot is not None
+            ]
+            parts = _parts(routed, members, boxes, [s for s, _ in left], [snapshot for _, snapshot in left])
+            nbytes = _nbytes(codec, chunks, sum(len(part[0]) for part in parts))
+            await in_threads(functools.partial(scatter, parts), len(parts), nbytes=nbytes)
 
         with buffers:
-            await _ahead(groups, fetch, decode)
+            if _placed_as_read(internals, routed):
+                for group in _groups(routed, internals.fetch_concurrency, held=1):
+                    await decode(group, await fetch(group, decoded_as_read(group)))
+            else:
+                await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
+        if failed:  # zarr's codecs decode them, or say what is wrong
+            redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
+            for (n, _), result in zip(failed, redone or (), strict=False):
+                results[n] = result
         return tuple(results) if REPORTS else None
 
     async def write(
@@ -467,12 +488,33 @@ requests and a thread hop or two whatever its size."""
 HELD_MAX_BYTES = 128 << 20
 """A read or write holds big shards this many bytes at most at once (before
 compression, in all its groups; a shard a group at least), whatever
-``fetch_concurrency`` says: 64 shards of 8 MiB would be 512 MiB."""
+``fetch_concurrency`` says: 64 shards of 8 MiB would be 512 MiB. A read that decodes
+each shard as it is read (local files) asks for this many a batch at most, and holds
+a shard per thread."""
 REMOTE_WRITE_GROUPS = 4
 """Groups a write to a remote store holds at once: one encoded while the others commit,
 whose requests wait on round trips. Elsewhere a write holds two, as a read does (one
 fetched while the other decodes): a local commit is copies into the page cache, CPU
 work that more commits at once only contend for."""
+
+
+PLACED_AS_READ_FROM = 256 << 10
+"""Shards this big or bigger (before compression), read whole from an inner store that
+reads in threads, are each decoded by the thread that read it (:func:`_placed_as_read`).
+Smaller ones are read a group at a time and decoded together: their work is mostly
+Python, which two threads only take turns at (65,536 chunks of 64 bytes, 4 KiB
+shards: 662 ms read by groups, 773 ms each as read)."""
+
+
+def _placed_as_read(internals: StoreInternals, routed: RoutedChunks) -> bool:
+    """Whether a read decodes each shard read whole on the thread that read it, as soon
+    as it is read (big shards, from local files): no group of them is held, nor
+    fetched while another decodes; the bytes are still in the CPU's cache, and two
+    threads each read and decode instead of four contending for two cores. A 64 MiB
+    read of 1 MiB shards, alternated in one process: 16 KiB zstd chunks 136 against
+    115 ms (zarrs 80), uncompressed 88 against 80 ms (zarrs 35)."""
+    nominal = routed.shards[0].nominal_nbytes if routed.shards else None
+    return internals.raw.capabilities.reads_in_threads and (nominal or 0) >= PLACED_AS_READ_FROM
 
 
 def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list[range]:
@@ -504,7 +546,7 @@ def _parts(
     routed: RoutedChunks,
     members: list[Any],
     boxes: list[Box | None] | None,
-    group: range,
+    group: Sequence[int],
     snapshots: Sequence[ShardSnapshot | None],
 ) -> list[ShardPart]:
     return [

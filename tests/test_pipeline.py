@@ -43,8 +43,15 @@ def pipeline() -> Iterator[None]:
         yield
 
 
-def _counted(tmp_path: Path, name: str = "s", **options: Any) -> tuple[ShardingStore, CountingInner]:
-    inner = CountingInner(LocalInner(str(tmp_path / name)))
+def _counted(
+    tmp_path: Path, name: str = "s", *, threads: bool = True, **options: Any
+) -> tuple[ShardingStore, CountingInner]:
+    """A store over counted local files; without ``threads``, files that do not read in
+    threads (as every store but local files: a group is fetched while the last decodes)."""
+    local = LocalInner(str(tmp_path / name))
+    if not threads:
+        local.capabilities = dataclasses.replace(local.capabilities, reads_in_threads=False)
+    inner = CountingInner(local)
     return ShardingStore(inner, (4, 4), **options), inner
 
 
@@ -87,22 +94,26 @@ def groups_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", 0)
 
 
+@pytest.fixture
+def placed_as_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards however small decoded as they are read, where the store reads in threads."""
+    monkeypatch.setattr(shardstore.pipeline, "PLACED_AS_READ_FROM", 0)
+
+
 @pytest.mark.usefixtures("groups_by_count")
 @pytest.mark.parametrize("concurrency", [1, 3, 4, 32])
-def test_a_whole_read_reads_half_fetch_concurrency_shards_a_batch(tmp_path: Path, concurrency: int) -> None:
-    """Half: the next batch is read while this one decodes, so that at most
-    ``fetch_concurrency`` shards are held at once."""
-    store, _ = _counted(tmp_path)
-    data = sample((64, 64), "f4")
-    zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
-    reader, inner = _counted(tmp_path, fetch_concurrency=concurrency)
-    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
-        arr = zarr.open_array(reader, path="a")
-        inner.counts.reset()
-        np.testing.assert_array_equal(arr[:], data)
-    shards = 4
-    assert inner.counts.read_batches == -(-shards // max(1, concurrency // 2))
-    assert inner.counts.reads == shards  # each shard once (whole: the read wants all of it)
+@pytest.mark.parametrize(("threads", "small"), [(True, False), (True, True), (False, False)])
+def test_a_whole_read_reads_fetch_concurrency_shards_a_batch_or_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, concurrency: int, threads: bool, small: bool
+) -> None:
+    """Where the inner store reads in threads (local files), each shard is decoded as it
+    is read and let go of: ``fetch_concurrency`` shards a batch. Elsewhere, and for
+    shards smaller than PLACED_AS_READ_FROM, the next batch is read while this one
+    decodes: half, so that at most ``fetch_concurrency`` shards are held at once. Each
+    shard is read once (whole: the read wants all of it)."""
+    monkeypatch.setattr(shardstore.pipeline, "PLACED_AS_READ_FROM", 4097 if small else 4096)  # (4 KiB shards)
+    a_batch = max(1, concurrency if threads and not small else concurrency // 2)
+    assert _whole_read_batches(tmp_path, concurrency, threads=threads) == (-(-4 // a_batch), 4)
 
 
 class _CommitSizes(LocalInner):
@@ -528,24 +539,27 @@ def test_xarray_reads_through_the_default_pipeline(tmp_path: Path) -> None:
     assert batches[PIPELINE_PATH] <= batches[ZARR_PIPELINE] - 10, batches
 
 
-@pytest.mark.usefixtures("pipeline")
+@pytest.mark.usefixtures("placed_as_read", "pipeline")
 @pytest.mark.parametrize("group_bytes", [1, 2])
+@pytest.mark.parametrize("threads", [True, False])
 def test_small_shards_are_read_as_many_as_fill_group_bytes_a_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_bytes: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_bytes: int, threads: bool
 ) -> None:
     """A batch per group costs as much for small shards as for big ones: a group holds
-    half ``fetch_concurrency`` shards, or as many as GROUP_BYTES hold."""
+    half ``fetch_concurrency`` shards, or as many as GROUP_BYTES hold (twice as many
+    where each shard is decoded as it is read: no group is fetched ahead)."""
     monkeypatch.setattr(shardstore.pipeline, "GROUP_BYTES", group_bytes * 4096)
-    assert _whole_read_batches(tmp_path, fetch_concurrency=2) == (4 // group_bytes, 4)
+    a_batch = group_bytes * (2 if threads else 1)
+    assert _whole_read_batches(tmp_path, fetch_concurrency=2, threads=threads) == (4 // a_batch, 4)
 
 
-def _whole_read_batches(tmp_path: Path, fetch_concurrency: int) -> tuple[int, int]:
+def _whole_read_batches(tmp_path: Path, fetch_concurrency: int, *, threads: bool = True) -> tuple[int, int]:
     """(read batches, reads) of a whole read of 4 shards of 4 KiB each (4 x 4 chunks
-    of 8 x 8)."""
+    of 8 x 8), from files that read in ``threads`` or not."""
     store, _ = _counted(tmp_path)
     data = sample((64, 64), "f4")
     zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")[:] = data
-    reader, inner = _counted(tmp_path, fetch_concurrency=fetch_concurrency)
+    reader, inner = _counted(tmp_path, threads=threads, fetch_concurrency=fetch_concurrency)
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
         arr = zarr.open_array(reader, path="a")
         inner.counts.reset()
@@ -553,15 +567,19 @@ def _whole_read_batches(tmp_path: Path, fetch_concurrency: int) -> tuple[int, in
     return inner.counts.read_batches, inner.counts.reads
 
 
-@pytest.mark.usefixtures("pipeline", "groups_by_count")
+@pytest.mark.usefixtures("placed_as_read", "pipeline", "groups_by_count")
 @pytest.mark.parametrize("max_shards", [1, 2, 4])
-def test_big_shards_are_read_no_more_than_half_held_max_bytes_a_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_shards: int
+@pytest.mark.parametrize("threads", [True, False])
+def test_big_shards_are_read_no_more_than_held_max_bytes_a_batch_or_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_shards: int, threads: bool
 ) -> None:
-    """However many shards ``fetch_concurrency`` allows, a read (two groups at once)
-    holds HELD_MAX_BYTES of big shards at most (a shard a group at least)."""
-    monkeypatch.setattr(shardstore.pipeline, "HELD_MAX_BYTES", 2 * (max_shards * 4096 + 4095))
-    assert _whole_read_batches(tmp_path, fetch_concurrency=64) == (4 // max_shards, 4)
+    """However many shards ``fetch_concurrency`` allows, a read holds HELD_MAX_BYTES of
+    big shards at most (a shard a batch at least): half a batch where two groups are
+    held at once (one fetched while the other decodes), a whole batch where each shard
+    is decoded as it is read."""
+    groups = 1 if threads else 2
+    monkeypatch.setattr(shardstore.pipeline, "HELD_MAX_BYTES", groups * (max_shards * 4096 + 4095))
+    assert _whole_read_batches(tmp_path, fetch_concurrency=64, threads=threads) == (4 // max_shards, 4)
 
 
 @pytest.mark.usefixtures("groups_by_count")

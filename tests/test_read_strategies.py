@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -260,12 +261,15 @@ async def test_concurrent_fetches_of_one_shard_share_one_request() -> None:
     assert counted.counts.reads == 1
 
 
-async def _held_reader() -> tuple[CountingInner, HeldMapping, ShardReader, Any]:
+async def _held_reader(*, threads: bool = False) -> tuple[CountingInner, HeldMapping, ShardReader, Any]:
     """A reader of the written array whose next fetch is held, and where chunk
-    ``a/c/1/1`` is (its shard, its place)."""
+    ``a/c/1/1`` is (its shard, its place); with ``threads``, over a store that says it
+    reads in threads (its reads given to ``each`` once the batch is read)."""
     counted, _ = _written(HeldMapping)
     held = counted.inner
     assert isinstance(held, HeldMapping)
+    if threads:
+        counted.capabilities = dataclasses.replace(counted.capabilities, reads_in_threads=True)
     store = ShardingStore(counted, read_strategy="shard")
     await store.get("a/zarr.json", default_buffer_prototype())
     info = await store.internals.array_of_key("a/c/1/1")
@@ -309,6 +313,95 @@ async def test_a_cancelled_read_that_joined_a_fetch_leaves_it_to_the_others() ->
         assert snapshot.chunk(where.position) is not None
     assert second.cancelled()
     assert counted.counts.reads == 1
+
+
+def _memory(nbytes: int) -> memoryview:
+    return memoryview(bytearray(nbytes))
+
+
+async def test_a_fetch_that_gives_its_shards_to_each_leaves_joiners_to_fetch_their_own() -> None:
+    """A shard given to ``each`` as it is read (where the store reads in threads) comes
+    back as nothing, and is not handed to reads that joined its fetch: its memory is the
+    next shard's once ``each`` is done. They fetch it again, and get it."""
+    counted, held, reader, where = await _held_reader(threads=True)
+    given: list[tuple[int, bool]] = []
+    first = asyncio.ensure_future(
+        reader.fetch_shards(
+            [where.shard],
+            passing={where.shard.key},
+            into=_memory,
+            each=lambda i, snapshot: given.append((i, snapshot.chunk(where.position) is not None)),
+        )
+    )
+    await held.held.wait()  # the first fetch is under way ...
+    second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
+    await _turns()  # ... and the second has joined it
+    held.release()
+    assert await asyncio.wait_for(first, 5) == [(None, None)]
+    assert given == [(0, True)]
+    ((snapshot, error),) = await asyncio.wait_for(second, 5)
+    assert error is None and snapshot is not None
+    assert snapshot.chunk(where.position) is not None
+    assert counted.counts.reads == 2
+
+
+async def _two_shards(*, threads: bool, damaged: bool = False) -> tuple[ShardReader, list[Any]]:
+    """A reader of the written array (the second of its two shards asked for cut short
+    if ``damaged``), over a store that says it reads in ``threads`` or not."""
+    counted, backing = _written()
+    if threads:
+        counted.capabilities = dataclasses.replace(counted.capabilities, reads_in_threads=True)
+    if damaged:
+        backing["a/c/0/1"] = backing["a/c/0/1"][:-3]
+    store, _ = _open(counted, read_strategy="shard")
+    info = await store.internals.array_of_key("a/c/0/0")
+    assert info is not None
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), counted.capabilities)
+    reader = ShardReader(counted, IndexCache(2**20), ShardCache(2**20), policy)
+    return reader, [
+        locate(info, key, coords).shard for key, coords in (("a/c/0/0", (0, 0)), ("a/c/0/4", (0, 4)))
+    ]
+
+
+@pytest.mark.parametrize("threads", [True, False])
+async def test_each_takes_only_shards_passing_through_into_memory_given_where_the_store_reads_in_threads(
+    threads: bool,
+) -> None:
+    """Elsewhere, and for shards that do not pass through (the cache keeps them), the
+    snapshots come back as they always did, and ``each`` is not called."""
+    reader, shards = await _two_shards(threads=threads)
+    assert [shard.key for shard in shards] == ["a/c/0/0", "a/c/0/1"]
+    given: list[int] = []
+    for passing in ({shard.key for shard in shards}, set()):
+        outcomes = await reader.fetch_shards(
+            shards, passing=passing, into=_memory, each=lambda i, _: given.append(i)
+        )
+        assert all(error is None for _, error in outcomes)
+        assert [snapshot is None for snapshot, _ in outcomes] == [threads and bool(passing)] * 2
+    assert given == ([0, 1] if threads else [])
+
+
+@pytest.mark.parametrize("damage", ["shard", "each"])
+async def test_a_shard_given_to_each_fails_the_fetch_as_a_damaged_shard_does(damage: str) -> None:
+    """A damaged shard is never given to ``each`` and fails the fetch naming it; what
+    ``each`` raises fails it too, as it is."""
+    reader, shards = await _two_shards(threads=True, damaged=damage == "shard")
+    given: list[int] = []
+
+    def each(i: int, snapshot: Any) -> None:
+        if damage == "each" and i == 1:
+            raise RuntimeError("each failed")
+        given.append(i)
+
+    outcomes = await reader.fetch_shards(shards, passing={s.key for s in shards}, into=_memory, each=each)
+    assert given == [0]
+    assert outcomes[0] == (None, None)
+    snapshot, error = outcomes[1]
+    assert snapshot is None
+    if damage == "shard":
+        assert isinstance(error, ShardFormatError) and "a/c/0/1" in str(error)
+    else:
+        assert isinstance(error, RuntimeError) and str(error) == "each failed"
 
 
 def test_a_corrupt_shard_raises_naming_it_and_others_still_read() -> None:

@@ -5,7 +5,9 @@ still refers to, and the values read are the objects' bytes all the same."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,35 @@ def test_local_files_are_read_whole_into_the_memory_given(tmp_path: Path) -> Non
     assert all(given.holds(value) for value, _ in got[:3])
     assert [version for _, version in got] == [version for _, version in plain]
     assert sorted(len(array) for array in given.arrays) == [3000, 3001, 3002]
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_values_handed_to_then_as_read_are_the_values_and_counted_alike(
+    tmp_path: Path, counted: bool
+) -> None:
+    """With ``then``, each value (None: absent) goes to it, on the thread that read it,
+    and the list keeps the versions alone; a counting wrapper counts the same reads and
+    bytes as without."""
+    objects = {f"s/{k}": os.urandom(3000 + k) for k in range(3)}
+    for key, data in objects.items():
+        (tmp_path / key).parent.mkdir(exist_ok=True)
+        (tmp_path / key).write_bytes(data)
+    inner: Any = CountingInner(LocalInner(tmp_path)) if counted else LocalInner(tmp_path)
+    keys = [*objects, "s/absent"]
+    requests = [(key, None) for key in keys]
+    handed: dict[int, tuple[bytes | None, int]] = {}
+
+    def then(k: int, value: Any, version: Any) -> None:
+        handed[k] = (None if value is None else bytes(value), threading.get_ident())
+
+    got = asyncio.run(inner.get_many_into(requests, [None] * len(keys), _Given(), then))
+    plain = asyncio.run(inner.get_many_into(requests, [None] * len(keys), _Given()))
+    assert [handed[k][0] for k in range(len(keys))] == [*objects.values(), None]
+    assert threading.get_ident() not in {thread for _, thread in handed.values()}
+    assert got == [(None, version) for _, version in plain]
+    if counted:
+        assert inner.counts.reads == 2 * len(keys) and inner.counts.read_batches == 2
+        assert inner.counts.bytes_read == 2 * sum(map(len, objects.values()))
 
 
 def test_a_store_that_cannot_read_into_memory_returns_what_it_read(tmp_path: Path) -> None:
@@ -172,6 +203,42 @@ def test_a_bulk_read_of_many_groups_reads_each_into_memory_let_go_of(
             assert inner.counts.unranged_reads == {} and len(flats) == inner.counts.reads == 16
             assert len(set(flats)) <= 4
             del reopened
+
+
+@pytest.mark.parametrize("compressors", ["auto", None])
+def test_a_whole_read_of_local_files_places_each_shard_by_the_thread_that_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressors: Any
+) -> None:
+    """Each shard read whole goes into place on the thread that read it, before that
+    thread reads another: its bytes still in the CPU's cache, and its memory free for
+    the next shard. Nothing is placed apart from its read."""
+    monkeypatch.setattr(shardstore.pipeline, "PLACED_AS_READ_FROM", 0)  # (small shards here)
+    events: dict[int, list[str]] = collections.defaultdict(list)
+    reading, placing = LocalInner._read_versioned, shardstore.pipeline.scatter_shards
+
+    def read(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if "/c/" in str(path):
+            events[threading.get_ident()].append("read")
+        return reading(path, *args, **kwargs)
+
+    def place(codec: Any, chunks: Any, parts: Any, block: Any, part: range, **kwargs: Any) -> None:
+        events[threading.get_ident()].extend(["placed"] * len(part))
+        placing(codec, chunks, parts, block, part, **kwargs)
+
+    data = sample((32, 32), "f4")
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = zarr.create_array(
+            ShardingStore(LocalInner(tmp_path), CPS),
+            name="a", shape=(32, 32), chunks=(4, 4), dtype="f4", compressors=compressors,
+        )  # fmt: skip
+        arr[:] = data
+        reopened = zarr.open_array(ShardingStore(LocalInner(tmp_path), CPS), path="a")
+        monkeypatch.setattr(LocalInner, "_read_versioned", staticmethod(read))
+        monkeypatch.setattr(shardstore.pipeline, "scatter_shards", place)
+        np.testing.assert_array_equal(reopened[:], data)
+    assert sum(len(seen) for seen in events.values()) == 2 * 16
+    for seen in events.values():
+        assert seen == ["read", "placed"] * (len(seen) // 2)
 
 
 def test_a_shard_the_cache_keeps_is_never_read_into_memory_given(tmp_path: Path, flats: list[int]) -> None:

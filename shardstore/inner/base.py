@@ -108,6 +108,10 @@ ReadInto: TypeAlias = Callable[[int], memoryview]
 """Writable memory of so many bytes to read an object into (see
 :meth:`InnerStore.get_many_into`)."""
 
+ReadThen: TypeAlias = Callable[[int, ChunkBytes | None, Hashable | None], None]
+"""What takes each value of a batch read as soon as it is read: its place in the batch,
+the value and its version (see :meth:`InnerStore.get_many_into`)."""
+
 
 _Bytes = TypeVar("_Bytes", bytes, memoryview)
 
@@ -162,6 +166,11 @@ class Capabilities:
     another (:func:`written_nbytes`), written as it is: a shard built in place, or
     an index and its chunks, then need no copy into one ``bytes`` (local files; S3
     copies them once into the body it sends). Elsewhere it is always ``bytes``."""
+    reads_in_threads: bool = False
+    """:meth:`InnerStore.get_many_into` reads whole objects by a thread per core and
+    hands each value to ``then`` on the thread that read it (local files): work done
+    there on each object shares the cores and finds it still in the CPU's cache.
+    Elsewhere ``then`` runs on the caller's thread once the batch is read."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a
@@ -332,12 +341,19 @@ class InnerStore(ABC):
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
         into: ReadInto,
+        then: ReadThen | None = None,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
         """:meth:`get_many_versioned`; a store that reads into memory it is given
         (local files) reads each value into ``into(size)`` and returns that, so that a
         caller reading many objects in turn can give the same memory again rather
-        than have new memory faulted in for each."""
-        return list(await self.get_many_versioned(requests, expected))
+        than have new memory faulted in for each. With ``then``, each value goes to
+        ``then(k, value, version)`` instead, as soon as it is read where the store
+        ``reads_in_threads``, and the list holds ``(None, version)``: nothing holds
+        the memory a value was read into once ``then`` is done with it."""
+        got: list[tuple[ChunkBytes | None, Hashable | None]] = list(
+            await self.get_many_versioned(requests, expected)
+        )
+        return got if then is None else _handed(got, then)
 
     async def append(self, key: str, build: AppendBuilder) -> bool:
         """Append ``build(size, read)`` to an existing object, holding it exclusively.
@@ -347,6 +363,16 @@ class InnerStore(ABC):
         if there is no such object. Only stores that can append implement it.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot append")
+
+
+def _handed(
+    got: list[tuple[ChunkBytes | None, Hashable | None]], then: ReadThen
+) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+    """Each value of a batch read handed to ``then``, in order; the versions kept."""
+    for k, (value, version) in enumerate(got):
+        got[k] = (None, version)
+        then(k, value, version)
+    return got
 
 
 CONDITIONAL = Capabilities(

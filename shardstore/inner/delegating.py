@@ -7,6 +7,7 @@ store's, so a new capability cannot be forgotten in one wrapper.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Hashable, Sequence
 
 from zarr.abc.store import ByteRequest
@@ -22,6 +23,8 @@ class DelegatingInner(InnerStore):
     def __init__(self, inner: InnerStore) -> None:
         self.inner = inner
         self.capabilities = inner.capabilities
+        if type(self).get_many_into is InnerStore.get_many_into:  # (reads in threads only if passed on)
+            self.capabilities = dataclasses.replace(inner.capabilities, reads_in_threads=False)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DelegatingInner) and type(other) is type(self) and self.inner == other.inner

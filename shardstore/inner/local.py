@@ -26,6 +26,7 @@ from shardstore.inner.base import (
     ChunkBytes,
     InnerStore,
     ReadInto,
+    ReadThen,
     Written,
     failure,
     is_temporary,
@@ -104,6 +105,20 @@ def _bulky(requests: Sequence[tuple[str, ByteRequest | None]]) -> bool:
     return total >= BULKY_BYTES
 
 
+def _took(
+    got: list[tuple[ChunkBytes | None, Hashable | None]],
+    k: int,
+    read: tuple[ChunkBytes | None, Hashable | None],
+    then: ReadThen | None,
+) -> None:
+    """The ``k``-th read of a batch kept in ``got``, or handed to ``then`` (its version kept)."""
+    if then is None:
+        got[k] = read
+        return
+    got[k] = (None, read[1])
+    then(k, *read)
+
+
 AT_ONCE_SLOW_S = 0.002
 """A batch read on the caller's thread that takes longer than this (opening files on a
 slow file system) ends such reads for its store (see :meth:`LocalInner.get_many_versioned`)."""
@@ -155,7 +170,9 @@ class LocalInner(InnerStore):
     renamed onto the object), so neither a concurrent reader nor a crash ever sees
     half a shard."""
 
-    capabilities = Capabilities(versions=True, versioned_ranges=True, append=True, writes_buffers=True)
+    capabilities = Capabilities(
+        versions=True, versioned_ranges=True, append=True, writes_buffers=True, reads_in_threads=True
+    )
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -196,17 +213,19 @@ class LocalInner(InnerStore):
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
         into: ReadInto,
+        then: ReadThen | None = None,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
         if type(self).get_many_versioned is not LocalInner.get_many_versioned:
             # a subclass that changes reads (faults, delays) sees these too, as bytes
-            return await super().get_many_into(requests, expected, into)
-        return await self._get_many(requests, expected, into)
+            return await super().get_many_into(requests, expected, into, then)
+        return await self._get_many(requests, expected, into, then)
 
     async def _get_many(
         self,
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
         into: ReadInto | None = None,
+        then: ReadThen | None = None,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
         # A batch of a few small reads is read on this thread, while none would wait
         # (a hop to a worker thread costs about 0.1 ms, five times eight index reads
@@ -217,13 +236,13 @@ class LocalInner(InnerStore):
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                got[k] = self._read_versioned(self._file(key), byte_range, expected[k], into=into)
+                _took(got, k, self._read_versioned(self._file(key), byte_range, expected[k], into=into), then)
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
                 await in_threads(read, len(requests))
                 return got
-            first = self._read_at_once(requests, expected, got, into) if self._at_once else 0
+            first = self._read_at_once(requests, expected, got, into, then) if self._at_once else 0
             if first < len(requests):
                 await asyncio.to_thread(read, range(first, len(requests)))
         return got
@@ -234,6 +253,7 @@ class LocalInner(InnerStore):
         expected: Sequence[Hashable | None],
         got: list[tuple[ChunkBytes | None, Hashable | None]],
         into: ReadInto | None,
+        then: ReadThen | None,
     ) -> int:
         """Read the batch from its start on this thread for as long as no read would
         wait (for the disk, for an appender's lock, or to read more than BULKY_BYTES
@@ -245,14 +265,15 @@ class LocalInner(InnerStore):
         began, left = time.monotonic(), BULKY_BYTES
         for k, (key, byte_range) in enumerate(requests):
             try:
-                got[k] = self._read_versioned(
-                    self._file(key), byte_range, expected[k], at_once=left, into=into
-                )
+                read = self._read_versioned(self._file(key), byte_range, expected[k], at_once=left, into=into)
             except _WouldWait as wait:
                 self._at_once = not wait.always
                 return k
-            value = got[k][0]
+            value = read[0]
             left -= 0 if value is None or value is STALE else len(value)
+            handed = time.monotonic()
+            _took(got, k, read, then)
+            began += time.monotonic() - handed  # (the time of reads alone counts)
             if time.monotonic() - began > AT_ONCE_SLOW_S:
                 self._at_once = False
                 return k + 1

@@ -7,7 +7,15 @@ from collections.abc import AsyncIterator, Hashable, Sequence
 
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner.base import DEFAULT_ATTEMPTS, AppendBuilder, Change, ChunkBytes, InnerStore, ReadInto
+from shardstore.inner.base import (
+    DEFAULT_ATTEMPTS,
+    AppendBuilder,
+    Change,
+    ChunkBytes,
+    InnerStore,
+    ReadInto,
+    ReadThen,
+)
 from shardstore.inner.delegating import DelegatingInner
 
 __all__ = ["SubdirectoryInner"]
@@ -54,8 +62,9 @@ class SubdirectoryInner(DelegatingInner):
         requests: Sequence[tuple[str, ByteRequest | None]],
         expected: Sequence[Hashable | None],
         into: ReadInto,
+        then: ReadThen | None = None,
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
-        return await self.inner.get_many_into([(self._in(k), r) for k, r in requests], expected, into)
+        return await self.inner.get_many_into([(self._in(k), r) for k, r in requests], expected, into, then)
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]

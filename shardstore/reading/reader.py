@@ -21,8 +21,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence, Set
+from collections.abc import Callable, Hashable, Sequence, Set
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest
@@ -30,7 +31,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 from shardstore.errors import ShardFormatError
 from shardstore.formats.base import ChunkTable
 from shardstore.inner import STALE, ChunkBytes, InnerStore
-from shardstore.inner.base import NOT_MODIFIED, ReadInto
+from shardstore.inner.base import NOT_MODIFIED, ReadInto, ReadThen
 from shardstore.options import ReadPolicy
 from shardstore.reading.cache import IndexCache, ShardCache, ShardSnapshot
 from shardstore.reading.indices import IndexReader, Location, PartTables, read_merged
@@ -40,12 +41,14 @@ from shardstore.reading.spans import span_snapshots
 from shardstore.reading.stale import Attempt, until_fresh
 from shardstore.tasks import gather
 
-__all__ = ["ShardReader"]
+__all__ = ["EachShard", "ShardReader"]
 
 log = logging.getLogger(__name__)
 
 
 _Fetched = tuple[ShardSnapshot | None, Exception | None]
+EachShard: TypeAlias = Callable[[int, ShardSnapshot], None]
+"""What takes a shard of a read as soon as it is read (see :meth:`ShardReader.fetch_shards`)."""
 """A whole-shard fetch's outcome, shared with the reads that joined it."""
 
 REPEAT_READS = 3
@@ -189,20 +192,25 @@ class ShardReader:
         return results
 
     async def read_shards(
-        self, wanted: Sequence[tuple[ShardRef, list[int], list[str]]], into: ReadInto | None = None
-    ) -> list[ShardSnapshot]:
+        self,
+        wanted: Sequence[tuple[ShardRef, list[int], list[str]]],
+        into: ReadInto | None = None,
+        each: EachShard | None = None,
+    ) -> list[ShardSnapshot | None]:
         """For a read that wants the places ``wanted[i][1]`` (chunk keys ``wanted[i][2]``,
         named in errors) of each shard: the shards as snapshots, served as
         :meth:`read_chunks` serves them, in one inner round (after one more for uncached
         indices). A shard read by ranges comes as a snapshot of the wanted chunks alone,
         not cached: the caller reads every chunk out of a snapshot alike. ``into``: memory
         to read into what is not cached (shards passing through, see
-        :meth:`fetch_shards`, and spans of chunks)."""
+        :meth:`fetch_shards`, and spans of chunks). ``each``: what takes the shards
+        passing through as they are read, where the inner store ``reads_in_threads``
+        (see :meth:`fetch_shards`); None in the list for those."""
         ways = self._ways([(shard, set(places)) for shard, places, _ in wanted])
         got: list[ShardSnapshot | None] = list(ways.cached)
 
         async def whole() -> None:
-            for i, snapshot in enumerate(await self._snapshots(ways, into)):
+            for i, snapshot in enumerate(await self._snapshots(ways, into, each)):
                 got[i] = got[i] or snapshot
 
         spanned = [s for s in ways.ranged if wanted[s][0].shard_format.one_index]
@@ -233,8 +241,7 @@ class ShardReader:
             ranges() if chunkwise else None,
         ]
         await gather(*(r for r in rounds if r is not None))
-        assert all(snapshot is not None for snapshot in got)
-        return got  # type: ignore[return-value]
+        return got
 
     def _ways(self, wanted: Sequence[tuple[ShardRef, set[int]]]) -> _Ways:
         """How each shard of a read is served, by the places wanted of it."""
@@ -267,14 +274,17 @@ class ShardReader:
             )
         return ways
 
-    async def _snapshots(self, ways: _Ways, into: ReadInto | None = None) -> list[ShardSnapshot | None]:
+    async def _snapshots(
+        self, ways: _Ways, into: ReadInto | None = None, each: EachShard | None = None
+    ) -> list[ShardSnapshot | None]:
         """The shards ``ways`` fetches whole or revalidates, fetched in one round (None
-        for the others)."""
+        for the others, and for those given to ``each``)."""
         got: list[ShardSnapshot | None] = [None] * len(ways.shards)
 
         async def fetched() -> None:
             shards = [ways.shards[i] for i in ways.whole]
-            outcomes = await self.fetch_shards(shards, passing=ways.passing, into=into)
+            given = None if each is None else lambda j, snapshot: each(ways.whole[j], snapshot)
+            outcomes = await self.fetch_shards(shards, passing=ways.passing, into=into, each=given)
             for i, (snapshot, error) in zip(ways.whole, outcomes, strict=True):
                 if error is not None:
                     raise error
@@ -360,7 +370,12 @@ class ShardReader:
         return fresh
 
     async def fetch_shards(
-        self, shards: Sequence[ShardRef], *, passing: Set[str] = frozenset(), into: ReadInto | None = None
+        self,
+        shards: Sequence[ShardRef],
+        *,
+        passing: Set[str] = frozenset(),
+        into: ReadInto | None = None,
+        each: EachShard | None = None,
     ) -> list[_Fetched]:
         """Whole shards in one inner batch, each as a snapshot (an absent shard as
         an empty one); a fetch of the same shard already under way is joined. The
@@ -369,23 +384,33 @@ class ShardReader:
         bulk read does not push out what repeated reads keep there. A batch of such
         shards alone is read into memory ``into`` gives, where given and the store
         reads into memory (:meth:`~shardstore.inner.InnerStore.get_many_into`): a
-        bulk read's caller gives memory a group read before it no longer needs."""
+        bulk read's caller gives memory a group read before it no longer needs.
+        Where the store also ``reads_in_threads``, such shards go to
+        ``each(i, snapshot)`` (``i``: the place in ``shards``) on the thread that read
+        each, as soon as it is read, and come as ``(None, None)``: each shard's
+        memory is free for the next as soon as ``each`` is done with it. What
+        ``each`` raises fails the call, as a damaged shard does."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
-        mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]] = []
+        mine: list[tuple[int, ShardRef, asyncio.Future[_Fetched]]] = []
         with self._lock:
-            for shard in shards:
+            for i, shard in enumerate(shards):
                 future = self._inflight.get((loop, shard.key))
                 if future is None:
                     future = self._inflight[(loop, shard.key)] = loop.create_future()
-                    mine.append((shard, future))
+                    mine.append((i, shard, future))
                 waits.append(future)
+        given: set[int] = set()
         if mine:
-            await self._fetch(loop, mine, passing, into)
+            given = await self._fetch(loop, mine, passing, into, each)
         # (shielded: a read cancelled while it waits must not cancel a fetch others wait for)
         outcomes = [await asyncio.shield(future) for future in waits]
-        abandoned = [i for i, (snapshot, error) in enumerate(outcomes) if snapshot is None and error is None]
-        if abandoned:  # the fetch we joined was cancelled: fetch those ourselves
+        abandoned = [
+            i
+            for i, (snapshot, error) in enumerate(outcomes)
+            if snapshot is None and error is None and i not in given
+        ]
+        if abandoned:  # the fetch we joined was cancelled, or gave its shards to its own each: fetch those
             again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing, into=into)
             for i, outcome in zip(abandoned, again, strict=True):
                 outcomes[i] = outcome
@@ -394,32 +419,65 @@ class ShardReader:
     async def _fetch(
         self,
         loop: asyncio.AbstractEventLoop,
-        mine: list[tuple[ShardRef, asyncio.Future[_Fetched]]],
+        mine: list[tuple[int, ShardRef, asyncio.Future[_Fetched]]],
         passing: Set[str],
         into: ReadInto | None,
-    ) -> None:
+        each: EachShard | None,
+    ) -> set[int]:
+        """Fetches ``mine`` (place in the call, shard, the future its outcome goes to):
+        the places of those given to ``each``."""
         sent = time.monotonic()
         outcomes: list[_Fetched] = [(None, None)] * len(mine)
-        keys = [shard.key for shard, _ in mine]
+        keys = [shard.key for _, shard, _ in mine]
+        given: set[int] = set()
         try:
             raws: Sequence[tuple[ChunkBytes | None, Hashable | None]]
             requests: list[tuple[str, ByteRequest | None]] = [(key, None) for key in keys]
             if into is not None and all(key in passing for key in keys):
-                raws = await self._inner.get_many_into(requests, [None] * len(keys), into)
+                then = None
+                if each is not None and self._inner.capabilities.reads_in_threads:
+                    then = self._handing(mine, sent, each, outcomes)
+                    given = {i for i, _, _ in mine}
+                raws = await self._inner.get_many_into(requests, [None] * len(keys), into, then)
             else:
                 raws = await self._inner.get_many_versioned(requests, [None] * len(keys))
-            outcomes = [
-                self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
-                for (shard, _), (raw, version) in zip(mine, raws, strict=True)
-            ]
+            if not given:
+                outcomes = [
+                    self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
+                    for (_, shard, _), (raw, version) in zip(mine, raws, strict=True)
+                ]
         except Exception as exc:
             outcomes = [(None, exc)] * len(mine)
         finally:  # joiners always get an outcome, (None, None) if this task was cancelled
             with self._lock:
-                for (shard, future), outcome in zip(mine, outcomes, strict=True):
+                for (_, shard, future), outcome in zip(mine, outcomes, strict=True):
                     if self._inflight.get((loop, shard.key)) is future:  # (not forgotten since)
                         del self._inflight[(loop, shard.key)]
                     future.set_result(outcome)
+        return given
+
+    def _handing(
+        self,
+        mine: list[tuple[int, ShardRef, asyncio.Future[_Fetched]]],
+        sent: float,
+        each: EachShard,
+        outcomes: list[_Fetched],
+    ) -> ReadThen:
+        """What gives each shard of a fetch to ``each`` as it is read, its failure (a
+        damaged shard, or what ``each`` raised) noted in ``outcomes``."""
+
+        def then(k: int, raw: ChunkBytes | None, version: Hashable | None) -> None:
+            i, shard, _ = mine[k]
+            snapshot, error = self._snapshot(shard, raw, version, sent, keep=False)
+            if snapshot is not None:
+                try:
+                    each(i, snapshot)
+                except Exception as exc:
+                    error = exc
+            if error is not None:
+                outcomes[k] = (None, error)
+
+        return then
 
     def _snapshot(
         self,
