@@ -319,30 +319,70 @@ def _memory(nbytes: int) -> memoryview:
     return memoryview(bytearray(nbytes))
 
 
-async def test_a_fetch_that_gives_its_shards_to_each_leaves_joiners_to_fetch_their_own() -> None:
-    """A shard given to ``each`` as it is read (where the store reads in threads) comes
-    back as nothing, and is not handed to reads that joined its fetch: its memory is the
-    next shard's once ``each`` is done. They fetch it again, and get it."""
+async def test_a_shard_another_read_joined_the_fetch_of_is_not_given_to_each() -> None:
+    """A shard whose fetch another read joined before it was read comes, as its
+    snapshot, to both (``each`` does not get it): one request."""
     counted, held, reader, where = await _held_reader(threads=True)
-    given: list[tuple[int, bool]] = []
+    given: list[int] = []
     first = asyncio.ensure_future(
         reader.fetch_shards(
-            [where.shard],
-            passing={where.shard.key},
-            into=_memory,
-            each=lambda i, snapshot: given.append((i, snapshot.chunk(where.position) is not None)),
+            [where.shard], passing={where.shard.key}, into=_memory, each=lambda i, _: given.append(i)
         )
     )
     await held.held.wait()  # the first fetch is under way ...
     second = asyncio.ensure_future(reader.fetch_shards([where.shard]))
     await _turns()  # ... and the second has joined it
     held.release()
-    assert await asyncio.wait_for(first, 5) == [(None, None)]
-    assert given == [(0, True)]
-    ((snapshot, error),) = await asyncio.wait_for(second, 5)
+    for fetch in (first, second):
+        ((snapshot, error),) = await asyncio.wait_for(fetch, 5)
+        assert error is None and snapshot is not None
+        assert snapshot.chunk(where.position) is not None
+    assert given == []
+    assert counted.counts.reads == 1
+
+
+async def test_a_read_that_joins_a_fetch_after_it_gave_the_shard_to_each_fetches_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By then the shard's memory may be the next shard's: the read that joined fetches
+    it again, and gets it."""
+    store = ShardingStore(CountingInner(LocalInner(tmp_path)), chunks_per_shard=(4, 4))
+    zarr.create_array(store, name="a", shape=DATA.shape, chunks=(2, 2), dtype=DATA.dtype)[:] = DATA
+    counted = store.internals.raw
+    assert isinstance(counted, CountingInner) and counted.capabilities.reads_in_threads
+    info = await store.internals.array_of_key("a/c/0/0")
+    assert info is not None
+    policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), counted.capabilities)
+    reader = ShardReader(counted, IndexCache(2**20), ShardCache(2**20), policy)
+    first_shard, held_shard = (
+        locate(info, key, c).shard for key, c in (("a/c/0/0", (0, 0)), ("a/c/0/4", (0, 4)))
+    )
+    gate, given_first, reading = threading.Event(), threading.Event(), LocalInner._read_versioned
+
+    def read(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).endswith(held_shard.key):
+            gate.wait(10)  # the batch stays under way ...
+        return reading(path, *args, **kwargs)
+
+    def each(i: int, _: Any) -> None:
+        if i == 0:
+            given_first.set()
+
+    monkeypatch.setattr(LocalInner, "_read_versioned", staticmethod(read))
+    counted.counts.reset()
+    shards = [first_shard, held_shard]
+    first = asyncio.ensure_future(
+        reader.fetch_shards(shards, passing={s.key for s in shards}, into=_memory, each=each)
+    )
+    assert await asyncio.to_thread(given_first.wait, 10)  # ... once its first shard is given away
+    second = asyncio.ensure_future(reader.fetch_shards([first_shard]))
+    await _turns()  # the second has joined it
+    gate.set()
+    assert await asyncio.wait_for(first, 10) == [(None, None), (None, None)]
+    ((snapshot, error),) = await asyncio.wait_for(second, 10)
     assert error is None and snapshot is not None
-    assert snapshot.chunk(where.position) is not None
-    assert counted.counts.reads == 2
+    assert snapshot.chunk(locate(info, "a/c/1/1", (1, 1)).position) is not None
+    assert counted.counts.unranged_reads[first_shard.key] == 2
 
 
 async def _two_shards(*, threads: bool, damaged: bool = False) -> tuple[ShardReader, list[Any]]:

@@ -128,6 +128,8 @@ def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path)
     seen = Seen(LocalInner(tmp_path))
     seen.keys = []
     counted = CountingInner(seen)
+    assert not seen.capabilities.reads_in_threads and not counted.capabilities.reads_in_threads
+    assert CountingInner(LocalInner(tmp_path)).capabilities.reads_in_threads  # (it passes them on)
     _written_and_read_back(counted, before_read=lambda: (seen.keys.clear(), counted.counts.reset()))
     assert sorted(k for k in seen.keys if "/c/" in k) == _SHARDS
     assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == _SHARDS
@@ -145,6 +147,8 @@ def test_a_local_store_whose_subclass_changes_reads_reads_through_it(tmp_path: P
             return await super().get_many_versioned(requests, expected)
 
     inner = Audited(tmp_path)
+    assert not inner.capabilities.reads_in_threads  # (its reads are not LocalInner's)
+    assert LocalInner(tmp_path).capabilities.reads_in_threads
     inner.seen = []
     _written_and_read_back(inner, before_read=inner.seen.clear)
     assert sorted(k for k in inner.seen if "/c/" in k) == _SHARDS
@@ -239,6 +243,87 @@ def test_a_whole_read_of_local_files_places_each_shard_by_the_thread_that_read_i
     assert sum(len(seen) for seen in events.values()) == 2 * 16
     for seen in events.values():
         assert seen == ["read", "placed"] * (len(seen) // 2)
+
+
+def _gated_reads(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Shard files read from local files on a worker thread only once the first event
+    returned is set (10 s at most), the second set as the first such read begins: a
+    read under way for as long as a test needs."""
+    gate, entered, reading = threading.Event(), threading.Event(), LocalInner._read_versioned
+
+    def read(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if "/c/" in str(path) and kwargs.get("at_once") is None:  # (not on the loop's thread)
+            entered.set()
+            gate.wait(10)
+        return reading(path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalInner, "_read_versioned", staticmethod(read))
+    return gate, entered
+
+
+async def test_a_cancelled_read_ends_only_once_no_thread_places_chunks_any_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone shard of over a MiB is read, and placed as read, on a worker thread: a read
+    cancelled meanwhile ends after that thread has placed its chunks, never while it
+    still writes into the array the read was given."""
+    data = sample((512, 512), "f4")  # one shard of 8 x 8 chunks of 16 KiB, stored raw
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = await zarr.api.asynchronous.create_array(
+            ShardingStore(LocalInner(tmp_path), (8, 8)),
+            name="a", shape=data.shape, chunks=(64, 64), dtype="f4", compressors=None,
+        )  # fmt: skip
+        await arr.setitem(slice(None), data)
+        reopened = await zarr.api.asynchronous.open_array(
+            store=ShardingStore(LocalInner(tmp_path), (8, 8)), path="a"
+        )
+        gate, entered = _gated_reads(monkeypatch)
+        placing, placed = shardstore.pipeline.scatter_shards, threading.Event()
+
+        def place(*args: Any, **kwargs: Any) -> None:
+            placing(*args, **kwargs)
+            placed.set()
+
+        monkeypatch.setattr(shardstore.pipeline, "scatter_shards", place)
+        read = asyncio.ensure_future(reopened.getitem(slice(None)))
+        assert await asyncio.to_thread(entered.wait, 10)  # the shard is being read, on a thread
+        read.cancel()
+        for _ in range(50):  # (a count of loop turns, not a time)
+            await asyncio.sleep(0)
+        assert not read.done()  # it waits for its thread
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert placed.is_set()
+
+
+async def test_concurrent_whole_reads_of_one_store_read_each_shard_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole read that joins another's fetch of the same shards gets them from that
+    fetch (the shards are not given away to be placed as read), and each read gets
+    its values: one request a shard."""
+    monkeypatch.setattr(shardstore.pipeline, "PLACED_AS_READ_FROM", 0)  # (small shards here)
+    data = sample((32, 32), "f4")
+    inner = CountingInner(LocalInner(tmp_path))
+    with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
+        arr = await zarr.api.asynchronous.create_array(
+            ShardingStore(inner, CPS), name="a", shape=(32, 32), chunks=(4, 4), dtype="f4"
+        )
+        await arr.setitem(slice(None), data)
+        reopened = await zarr.api.asynchronous.open_array(store=ShardingStore(inner, CPS), path="a")
+        inner.counts.reset()
+        gate, entered = _gated_reads(monkeypatch)
+        first = asyncio.ensure_future(reopened.getitem(slice(None)))
+        assert await asyncio.to_thread(entered.wait, 10)  # its shards are being read ...
+        second = asyncio.ensure_future(reopened.getitem(slice(None)))
+        for _ in range(50):  # ... and the second read joins (a count of loop turns, not a time)
+            await asyncio.sleep(0)
+        gate.set()
+        for got in await asyncio.gather(first, second):
+            np.testing.assert_array_equal(got, data)
+    assert sorted(key for key in inner.counts.unranged_reads if "/c/" in key) == _SHARDS
+    assert sum(n for key, n in inner.counts.unranged_reads.items() if "/c/" in key) == len(_SHARDS)
 
 
 def test_a_shard_the_cache_keeps_is_never_read_into_memory_given(tmp_path: Path, flats: list[int]) -> None:

@@ -167,10 +167,11 @@ class Capabilities:
     an index and its chunks, then need no copy into one ``bytes`` (local files; S3
     copies them once into the body it sends). Elsewhere it is always ``bytes``."""
     reads_in_threads: bool = False
-    """:meth:`InnerStore.get_many_into` reads whole objects by a thread per core and
-    hands each value to ``then`` on the thread that read it (local files): work done
-    there on each object shares the cores and finds it still in the CPU's cache.
-    Elsewhere ``then`` runs on the caller's thread once the batch is read."""
+    """:meth:`InnerStore.get_many_into` reads on worker threads (whole objects by a
+    thread per core, a batch of several) and hands each value to ``then`` on the
+    thread that read it, the call ending only once every ``then`` has (local files):
+    work done there on each object shares the cores and finds it still in the CPU's
+    cache. Elsewhere ``then`` runs on the caller's thread once the batch is read."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -178,6 +179,8 @@ class LocalInner(InnerStore):
         self.root = Path(root).expanduser().resolve()
         self._root = os.fspath(self.root)
         self._at_once = _NOWAIT is not None and on_local_disk(self._root)
+        if type(self).get_many_versioned is not LocalInner.get_many_versioned:  # (see get_many_into)
+            self.capabilities = dataclasses.replace(self.capabilities, reads_in_threads=False)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalInner) and self.root == other.root
@@ -243,8 +246,11 @@ class LocalInner(InnerStore):
                 await in_threads(read, len(requests))
                 return got
             first = self._read_at_once(requests, expected, got, into, then) if self._at_once else 0
-            if first < len(requests):
-                await asyncio.to_thread(read, range(first, len(requests)))
+            rest = range(first, len(requests))
+            if rest and then is None:
+                await asyncio.to_thread(read, rest)
+            elif rest:  # (then's work ends before the call does, cancelled or not: see in_threads)
+                await in_threads(lambda part: read(rest[part.start : part.stop]), len(rest))
         return got
 
     def _read_at_once(

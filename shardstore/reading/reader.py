@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 
 
 _Fetched = tuple[ShardSnapshot | None, Exception | None]
+"""A whole-shard fetch's outcome, shared with the reads that joined it."""
 EachShard: TypeAlias = Callable[[int, ShardSnapshot], None]
 """What takes a shard of a read as soon as it is read (see :meth:`ShardReader.fetch_shards`)."""
-"""A whole-shard fetch's outcome, shared with the reads that joined it."""
 
 REPEAT_READS = 3
 REPEAT_WINDOW = 1.0
@@ -149,6 +149,8 @@ class ShardReader:
         self._revalidate = policy.revalidate
         self._lock = threading.Lock()
         self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future[_Fetched]] = {}
+        self._joined: set[asyncio.Future[_Fetched]] = set()
+        """Fetches in flight that another read has joined (see :meth:`fetch_shards`)."""
         self._touched: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     def cache_usage(self) -> dict[str, tuple[int, int]]:
@@ -388,7 +390,9 @@ class ShardReader:
         Where the store also ``reads_in_threads``, such shards go to
         ``each(i, snapshot)`` (``i``: the place in ``shards``) on the thread that read
         each, as soon as it is read, and come as ``(None, None)``: each shard's
-        memory is free for the next as soon as ``each`` is done with it. What
+        memory is free for the next as soon as ``each`` is done with it. A shard
+        another read has joined the fetch of by then comes as its snapshot instead,
+        for both; one joined later is fetched again by the read that joined. What
         ``each`` raises fails the call, as a damaged shard does."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[_Fetched]] = []
@@ -399,6 +403,8 @@ class ShardReader:
                 if future is None:
                     future = self._inflight[(loop, shard.key)] = loop.create_future()
                     mine.append((i, shard, future))
+                else:
+                    self._joined.add(future)
                 waits.append(future)
         given: set[int] = set()
         if mine:
@@ -410,7 +416,7 @@ class ShardReader:
             for i, (snapshot, error) in enumerate(outcomes)
             if snapshot is None and error is None and i not in given
         ]
-        if abandoned:  # the fetch we joined was cancelled, or gave its shards to its own each: fetch those
+        if abandoned:  # the fetch we joined was cancelled, or gave the shard to its each first: fetch those
             again = await self.fetch_shards([shards[i] for i in abandoned], passing=passing, into=into)
             for i, outcome in zip(abandoned, again, strict=True):
                 outcomes[i] = outcome
@@ -425,7 +431,7 @@ class ShardReader:
         each: EachShard | None,
     ) -> set[int]:
         """Fetches ``mine`` (place in the call, shard, the future its outcome goes to):
-        the places of those given to ``each``."""
+        the places of those given to ``each`` (see :meth:`fetch_shards`)."""
         sent = time.monotonic()
         outcomes: list[_Fetched] = [(None, None)] * len(mine)
         keys = [shard.key for _, shard, _ in mine]
@@ -433,15 +439,14 @@ class ShardReader:
         try:
             raws: Sequence[tuple[ChunkBytes | None, Hashable | None]]
             requests: list[tuple[str, ByteRequest | None]] = [(key, None) for key in keys]
+            then: ReadThen | None = None
             if into is not None and all(key in passing for key in keys):
-                then = None
                 if each is not None and self._inner.capabilities.reads_in_threads:
-                    then = self._handing(mine, sent, each, outcomes)
-                    given = {i for i, _, _ in mine}
+                    then = self._handing(mine, sent, each, outcomes, given)
                 raws = await self._inner.get_many_into(requests, [None] * len(keys), into, then)
             else:
                 raws = await self._inner.get_many_versioned(requests, [None] * len(keys))
-            if not given:
+            if then is None:
                 outcomes = [
                     self._snapshot(shard, raw, version, sent, keep=shard.key not in passing)
                     for (_, shard, _), (raw, version) in zip(mine, raws, strict=True)
@@ -453,6 +458,7 @@ class ShardReader:
                 for (_, shard, future), outcome in zip(mine, outcomes, strict=True):
                     if self._inflight.get((loop, shard.key)) is future:  # (not forgotten since)
                         del self._inflight[(loop, shard.key)]
+                    self._joined.discard(future)
                     future.set_result(outcome)
         return given
 
@@ -462,20 +468,28 @@ class ShardReader:
         sent: float,
         each: EachShard,
         outcomes: list[_Fetched],
+        given: set[int],
     ) -> ReadThen:
-        """What gives each shard of a fetch to ``each`` as it is read, its failure (a
-        damaged shard, or what ``each`` raised) noted in ``outcomes``."""
+        """What gives each shard of a fetch to ``each`` as it is read (its place noted
+        in ``given``), unless another read has joined its fetch (its snapshot then
+        noted in ``outcomes``, for both); its failure (a damaged shard, or what
+        ``each`` or anything else raised) noted in ``outcomes``, never raised on the
+        reading thread."""
 
         def then(k: int, raw: ChunkBytes | None, version: Hashable | None) -> None:
-            i, shard, _ = mine[k]
-            snapshot, error = self._snapshot(shard, raw, version, sent, keep=False)
-            if snapshot is not None:
-                try:
+            i, shard, future = mine[k]
+            try:
+                snapshot, error = self._snapshot(shard, raw, version, sent, keep=False)
+                with self._lock:
+                    joined = future in self._joined
+                if snapshot is not None and not joined:
+                    given.add(i)
                     each(i, snapshot)
-                except Exception as exc:
-                    error = exc
-            if error is not None:
-                outcomes[k] = (None, error)
+                    snapshot = None
+            except Exception as exc:
+                snapshot, error = None, exc
+            if snapshot is not None or error is not None:
+                outcomes[k] = (snapshot, error)
 
         return then
 
