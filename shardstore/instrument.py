@@ -98,13 +98,12 @@ class CountingInner(DelegatingInner):
     ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
         if then is not None:  # each value goes to then, not into the list: its size is noted on the way
             sizes = [0] * len(requests)
-            handed = then
 
-            def then(k: int, value: ChunkBytes | None, version: Hashable | None) -> None:
+            def sized(k: int, value: ChunkBytes | None, version: Hashable | None) -> None:
                 sizes[k] = 0 if value is None or value is STALE else len(value)
-                handed(k, value, version)
+                then(k, value, version)
 
-            results = await self.inner.get_many_into(requests, expected, into, then)
+            results = await self.inner.get_many_into(requests, expected, into, sized)
             self._count_sizes(requests, sizes)
             return results
         results = await self.inner.get_many_into(requests, expected, into)
