@@ -370,10 +370,24 @@ def _handed(
     got: list[tuple[ChunkBytes | None, Hashable | None]], then: ReadThen
 ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
     """Each value of a batch read handed to ``then``, in order; the versions kept."""
-    for k, (value, version) in enumerate(got):
-        got[k] = (None, version)
-        then(k, value, version)
+    for k, read in enumerate(got):
+        took(got, k, read, then)
     return got
+
+
+def took(
+    got: list[tuple[ChunkBytes | None, Hashable | None]],
+    k: int,
+    read: tuple[ChunkBytes | None, Hashable | None],
+    then: ReadThen | None,
+) -> None:
+    """The ``k``-th read of a batch kept in ``got``, or handed to ``then`` (its version
+    kept): see :meth:`InnerStore.get_many_into`."""
+    if then is None:
+        got[k] = read
+        return
+    got[k] = (None, read[1])
+    then(k, *read)
 
 
 CONDITIONAL = Capabilities(

@@ -31,6 +31,7 @@ from shardstore.inner.base import (
     Written,
     failure,
     is_temporary,
+    took,
 )
 from shardstore.inner.locks import file_lock
 from shardstore.inner.mounts import on_local_disk
@@ -104,20 +105,6 @@ def _bulky(requests: Sequence[tuple[str, ByteRequest | None]]) -> bool:
         if isinstance(byte_range, RangeByteRequest):
             total += byte_range.end - byte_range.start
     return total >= BULKY_BYTES
-
-
-def _took(
-    got: list[tuple[ChunkBytes | None, Hashable | None]],
-    k: int,
-    read: tuple[ChunkBytes | None, Hashable | None],
-    then: ReadThen | None,
-) -> None:
-    """The ``k``-th read of a batch kept in ``got``, or handed to ``then`` (its version kept)."""
-    if then is None:
-        got[k] = read
-        return
-    got[k] = (None, read[1])
-    then(k, *read)
 
 
 AT_ONCE_SLOW_S = 0.002
@@ -239,7 +226,7 @@ class LocalInner(InnerStore):
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                _took(got, k, self._read_versioned(self._file(key), byte_range, expected[k], into=into), then)
+                took(got, k, self._read_versioned(self._file(key), byte_range, expected[k], into=into), then)
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
@@ -278,7 +265,7 @@ class LocalInner(InnerStore):
             value = read[0]
             left -= 0 if value is None or value is STALE else len(value)
             handed = time.monotonic()
-            _took(got, k, read, then)
+            took(got, k, read, then)
             began += time.monotonic() - handed  # (the time of reads alone counts)
             if time.monotonic() - began > AT_ONCE_SLOW_S:
                 self._at_once = False
