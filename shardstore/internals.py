@@ -108,7 +108,7 @@ class StoreInternals:
     ) -> list[ShardSnapshot | None]:
         """The shards of a read of many chunks, as snapshots holding the places wanted
         of each, what is not cached read into memory ``into`` gives; those read whole
-        given to ``each`` as they are read where the inner store ``reads_in_threads``
+        given to ``each`` as they are read where the inner store ``hands_as_read``
         (None in the list: see :meth:`ShardReader.read_shards`)."""
         return await self._reader.read_shards(wanted, into, each)
 

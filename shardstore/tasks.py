@@ -30,10 +30,21 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Generic, TypeVar
 
-__all__ = ["at_work", "gather", "in_flight", "in_threads", "lasting_loop", "run_at_exit", "settle", "spawn"]
+__all__ = [
+    "at_work",
+    "gather",
+    "handed_to_threads",
+    "in_flight",
+    "in_threads",
+    "lasting_loop",
+    "run_at_exit",
+    "settle",
+    "spawn",
+]
 
 T = TypeVar("T")
 
@@ -214,6 +225,90 @@ def _pulling(held: list[Callable[[range], None]], cursor: _Cursor) -> None:
     except BaseException:
         cursor.stop()
         raise
+
+
+@contextlib.asynccontextmanager
+async def handed_to_threads(work: Callable[[T], None]) -> AsyncIterator[Callable[[T], None]]:
+    """A function that hands an item to ``work`` on a worker thread, a thread per core
+    at most, each taking the next item handed as it is done with one: for items that
+    come one at a time on the loop's thread (responses of a batch of requests), each
+    worked on while the others are still awaited. All of it begun has ended when the
+    block is left: the first error ``work`` raised is raised then; if the block
+    raises or is cancelled, items not begun are dropped, and those begun end first."""
+    handoff = _Handoff(work, os.cpu_count() or 1)
+    try:
+        yield handoff.hand
+    except BaseException:
+        await handoff.ended(stop=True)
+        raise
+    await handoff.ended(stop=False)
+
+
+class _Handoff(Generic[T]):
+    """The items :func:`handed_to_threads` has been handed and not yet begun, and the
+    threads working on them: a thread is started for an item while fewer than
+    ``limit`` run, and ends once none is left (no thread waits while requests do)."""
+
+    def __init__(self, work: Callable[[T], None], limit: int) -> None:
+        self._work, self._limit = work, limit
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._items: deque[T] = deque()
+        self._running = 0
+        self._stopped = False
+        self._threads: list[asyncio.Future[None]] = []
+
+    def hand(self, item: T) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._items.append(item)
+            if self._running >= self._limit:
+                return  # (a running thread takes it: it looks for more before it ends)
+            self._running += 1
+        self._threads.append(
+            self._loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, self._drain))
+        )
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopped or not self._items:
+                    self._running -= 1
+                    return
+                item = self._items.popleft()
+            try:
+                self._work(item)
+            except BaseException:
+                self._drop()
+                with self._lock:
+                    self._running -= 1
+                raise
+
+    async def ended(self, *, stop: bool) -> None:
+        """Once every thread has ended (items not begun dropped first where ``stop``,
+        or where this is cancelled meanwhile); the first error a thread raised is
+        raised unless ``stop`` (the caller has an error of its own)."""
+        if stop:
+            self._drop()
+        # (futures, not tasks, as in in_threads: a cancelled task ends while its thread runs on)
+        threads = asyncio.gather(*self._threads, return_exceptions=True)
+        try:
+            outcomes = await asyncio.shield(threads)
+        except BaseException as stopped:
+            self._drop()
+            while not threads.done() and not isinstance(stopped, GeneratorExit):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(threads)
+            raise
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not stop:
+                raise outcome
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._items.clear()
 
 
 def _helper_pool() -> concurrent.futures.ThreadPoolExecutor:

@@ -50,7 +50,7 @@ def _counted(
     threads (as every store but local files: a group is fetched while the last decodes)."""
     local = LocalInner(str(tmp_path / name))
     if not threads:
-        local.capabilities = dataclasses.replace(local.capabilities, reads_in_threads=False)
+        local.capabilities = dataclasses.replace(local.capabilities, hands_as_read=False)
     inner = CountingInner(local)
     return ShardingStore(inner, (4, 4), **options), inner
 

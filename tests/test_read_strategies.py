@@ -269,7 +269,7 @@ async def _held_reader(*, threads: bool = False) -> tuple[CountingInner, HeldMap
     held = counted.inner
     assert isinstance(held, HeldMapping)
     if threads:
-        counted.capabilities = dataclasses.replace(counted.capabilities, reads_in_threads=True)
+        counted.capabilities = dataclasses.replace(counted.capabilities, hands_as_read=True)
     store = ShardingStore(counted, read_strategy="shard")
     await store.get("a/zarr.json", default_buffer_prototype())
     info = await store.internals.array_of_key("a/c/1/1")
@@ -349,7 +349,7 @@ async def test_a_read_that_joins_a_fetch_after_it_gave_the_shard_to_each_fetches
     store = ShardingStore(CountingInner(LocalInner(tmp_path)), chunks_per_shard=(4, 4))
     zarr.create_array(store, name="a", shape=DATA.shape, chunks=(2, 2), dtype=DATA.dtype)[:] = DATA
     counted = store.internals.raw
-    assert isinstance(counted, CountingInner) and counted.capabilities.reads_in_threads
+    assert isinstance(counted, CountingInner) and counted.capabilities.hands_as_read
     info = await store.internals.array_of_key("a/c/0/0")
     assert info is not None
     policy = ReadPolicy.resolve(StoreOptions(read_strategy="shard"), counted.capabilities)
@@ -390,7 +390,7 @@ async def _two_shards(*, threads: bool, damaged: bool = False) -> tuple[ShardRea
     if ``damaged``), over a store that says it reads in ``threads`` or not."""
     counted, backing = _written()
     if threads:
-        counted.capabilities = dataclasses.replace(counted.capabilities, reads_in_threads=True)
+        counted.capabilities = dataclasses.replace(counted.capabilities, hands_as_read=True)
     if damaged:
         backing["a/c/0/1"] = backing["a/c/0/1"][:-3]
     store, _ = _open(counted, read_strategy="shard")
@@ -404,7 +404,7 @@ async def _two_shards(*, threads: bool, damaged: bool = False) -> tuple[ShardRea
 
 
 @pytest.mark.parametrize("threads", [True, False])
-async def test_each_takes_only_shards_passing_through_into_memory_given_where_the_store_reads_in_threads(
+async def test_each_takes_only_shards_passing_through_into_memory_given_where_the_store_hands_as_read(
     threads: bool,
 ) -> None:
     """Elsewhere, and for shards that do not pass through (the cache keeps them), the

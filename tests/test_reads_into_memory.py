@@ -128,8 +128,8 @@ def test_a_wrapper_that_changes_reads_still_sees_the_whole_reads(tmp_path: Path)
     seen = Seen(LocalInner(tmp_path))
     seen.keys = []
     counted = CountingInner(seen)
-    assert not seen.capabilities.reads_in_threads and not counted.capabilities.reads_in_threads
-    assert CountingInner(LocalInner(tmp_path)).capabilities.reads_in_threads  # (it passes them on)
+    assert not seen.capabilities.hands_as_read and not counted.capabilities.hands_as_read
+    assert CountingInner(LocalInner(tmp_path)).capabilities.hands_as_read  # (it passes them on)
     _written_and_read_back(counted, before_read=lambda: (seen.keys.clear(), counted.counts.reset()))
     assert sorted(k for k in seen.keys if "/c/" in k) == _SHARDS
     assert sorted(k for k in counted.counts.unranged_reads if "/c/" in k) == _SHARDS
@@ -147,8 +147,8 @@ def test_a_local_store_whose_subclass_changes_reads_reads_through_it(tmp_path: P
             return await super().get_many_versioned(requests, expected)
 
     inner = Audited(tmp_path)
-    assert not inner.capabilities.reads_in_threads  # (its reads are not LocalInner's)
-    assert LocalInner(tmp_path).capabilities.reads_in_threads
+    assert not inner.capabilities.hands_as_read  # (its reads are not LocalInner's)
+    assert LocalInner(tmp_path).capabilities.hands_as_read
     inner.seen = []
     _written_and_read_back(inner, before_read=inner.seen.clear)
     assert sorted(k for k in inner.seen if "/c/" in k) == _SHARDS

@@ -358,3 +358,28 @@ def test_a_small_shard_read_again_and_again_is_fetched_whole_again(
     # first read: the whole shard; then a range located by the cached index; the
     # third read within a second: the whole shard again, for the reads to come
     assert moved[0] > 32 * 32 * 4 * 8 and moved[1] <= 32 * 32 * 4 and moved[2] == moved[0]
+
+
+def test_a_whole_read_decodes_each_shard_on_a_worker_thread_as_it_comes(
+    s3: LocalS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big shards read whole from S3 are each decoded into place as their response comes,
+    off zarr's loop, with the same requests: one GET a shard."""
+    import threading
+
+    import shardstore.pipeline
+
+    _written(s3, "as-they-come.zarr")
+    monkeypatch.setattr(shardstore.pipeline, "PLACED_AS_READ_FROM", 0)  # (64 KiB shards here)
+    placing, threads = shardstore.pipeline.scatter_shards, set()
+
+    def place(*args: Any, **kwargs: Any) -> None:
+        threads.add(threading.current_thread().name)
+        placing(*args, **kwargs)
+
+    monkeypatch.setattr(shardstore.pipeline, "scatter_shards", place)
+    arr = zarr.open_array(_store(s3, "as-they-come.zarr"), path="a", zarr_format=3)
+    s3.reset()
+    np.testing.assert_array_equal(arr[:], np.arange(256 * 256, dtype="f4").reshape(256, 256))
+    assert s3.counts["GET"] == 4
+    assert threads and all(name.startswith("asyncio") for name in threads)  # (the loop's executor)

@@ -503,3 +503,93 @@ def test_in_threads_does_every_slice_itself_when_the_helpers_take_no_more_work(
 
     caller = asyncio.run(run())
     assert seen == [(range(0, 3), caller), (range(3, 6), caller)]
+
+
+async def test_items_handed_to_threads_are_worked_on_by_a_thread_per_core_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each item goes to a worker thread as it is handed, two at once on two cores, the
+    third only once one of those is done; all are done when the block is left."""
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    lock, release, two = threading.Lock(), threading.Event(), threading.Event()
+    running, most, done, threads = [0], [0], [], set()
+
+    def work(item: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            if running[0] == 2:
+                two.set()
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+            done.append(item)
+            threads.add(threading.get_ident())
+
+    async with tasks.handed_to_threads(work) as hand:
+        for item in range(5):
+            hand(item)
+        assert await asyncio.to_thread(two.wait, 10)
+        for _ in range(20):  # (a count of loop turns, not a time)
+            await asyncio.sleep(0)
+        assert not done and running[0] == 2
+        release.set()
+    assert sorted(done) == [0, 1, 2, 3, 4] and most[0] == 2
+    assert threading.get_ident() not in threads
+
+
+async def test_what_work_handed_to_threads_raises_is_raised_once_no_item_runs_any_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    began, release, done = threading.Event(), threading.Event(), []
+
+    def work(item: int) -> None:
+        if item == 1:
+            raise ValueError("item 1")
+        began.set()
+        release.wait(10)
+        done.append(item)
+
+    async def block() -> None:
+        async with tasks.handed_to_threads(work) as hand:
+            hand(2)
+            assert await asyncio.to_thread(began.wait, 10)
+            hand(1)
+
+    call = asyncio.ensure_future(block())
+    for _ in range(50):  # (a count of loop turns, not a time)
+        await asyncio.sleep(0)
+    assert not call.done()  # item 2 still runs
+    release.set()
+    with pytest.raises(ValueError, match="item 1"):
+        await call
+    assert done == [2]
+
+
+async def test_a_block_that_raises_drops_the_items_not_begun_and_waits_for_those_begun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 1)
+    began, release, done = threading.Event(), threading.Event(), []
+
+    def work(item: int) -> None:
+        began.set()
+        release.wait(10)
+        done.append(item)
+
+    async def block() -> None:
+        async with tasks.handed_to_threads(work) as hand:
+            hand(1)
+            hand(2)
+            assert await asyncio.to_thread(began.wait, 10)
+            raise KeyError("the block's own")
+
+    call = asyncio.ensure_future(block())
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not call.done()  # item 1 still runs
+    release.set()
+    with pytest.raises(KeyError, match="the block's own"):
+        await call
+    assert done == [1]

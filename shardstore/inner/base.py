@@ -16,7 +16,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from shardstore.errors import InnerStoreError, ShardConflictError, ShardStoreError
 from shardstore.inner.locks import process_lock
-from shardstore.tasks import at_work, gather
+from shardstore.tasks import at_work, gather, handed_to_threads
 
 T = TypeVar("T")
 
@@ -166,12 +166,14 @@ class Capabilities:
     another (:func:`written_nbytes`), written as it is: a shard built in place, or
     an index and its chunks, then need no copy into one ``bytes`` (local files; S3
     copies them once into the body it sends). Elsewhere it is always ``bytes``."""
-    reads_in_threads: bool = False
-    """:meth:`InnerStore.get_many_into` reads on worker threads (whole objects by a
-    thread per core, a batch of several) and hands each value to ``then`` on the
-    thread that read it, the call ending only once every ``then`` has (local files):
-    work done there on each object shares the cores and finds it still in the CPU's
-    cache. Elsewhere ``then`` runs on the caller's thread once the batch is read."""
+    hands_as_read: bool = False
+    """:meth:`InnerStore.get_many_into` hands each value to ``then`` on a worker thread
+    as soon as it is read, the call ending only once every ``then`` has. Local files
+    are read by a thread per core (a batch of several) and each value handed on the
+    thread that read it: work done there shares the cores and finds the object still
+    in the CPU's cache. Object stores hand each response to a thread per core at most
+    while the others are still awaited: the work is done during the round trips.
+    Elsewhere ``then`` runs on the caller's thread once the batch is read."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a
@@ -349,7 +351,7 @@ class InnerStore(ABC):
         caller reading many objects in turn can give the same memory again rather
         than have new memory faulted in for each. With ``then``, each value goes to
         ``then(k, value, version)`` instead, as soon as it is read where the store
-        ``reads_in_threads``, and the list holds ``(None, version)``: nothing holds
+        ``hands_as_read``, and the list holds ``(None, version)``: nothing holds
         the memory a value was read into once ``then`` is done with it."""
         got: list[tuple[ChunkBytes | None, Hashable | None]] = list(
             await self.get_many_versioned(requests, expected)
@@ -391,7 +393,7 @@ def took(
 
 
 CONDITIONAL = Capabilities(
-    remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True
+    remote=True, versioned_ranges=True, conditional_writes=True, conditional_deletes=True, hands_as_read=True
 )
 """What an object store with conditional writes, deletes and reads offers (S3, GCS, Azure)."""
 
@@ -427,6 +429,32 @@ class VersionedReads(InnerStore):
         """A chunk range located by an index read earlier is refused (STALE) if the shard
         was replaced since, rather than read from the new object."""
         return await bounded(self._get_tagged(k, r, e) for (k, r), e in zip(requests, expected, strict=True))
+
+    async def get_many_into(
+        self,
+        requests: Sequence[tuple[str, ByteRequest | None]],
+        expected: Sequence[Hashable | None],
+        into: ReadInto,
+        then: ReadThen | None = None,
+    ) -> list[tuple[ChunkBytes | None, Hashable | None]]:
+        if then is None or type(self).get_many_versioned is not VersionedReads.get_many_versioned:
+            # (a subclass that changes reads, faults or delays, sees these too)
+            return await super().get_many_into(requests, expected, into, then)
+        got: list[tuple[ChunkBytes | None, Hashable | None]] = [(None, None)] * len(requests)
+
+        def handed(read: tuple[int, ChunkBytes | None, Hashable | None]) -> None:
+            then(*read)
+
+        async with handed_to_threads(handed) as hand:
+
+            async def read(k: int) -> None:
+                key, byte_range = requests[k]
+                value, version = await self._get_tagged(key, byte_range, expected[k])
+                got[k] = (None, version)
+                hand((k, value, version))
+
+            await bounded(read(k) for k in range(len(requests)))
+        return got
 
     async def get_many_if_modified(
         self, requests: Sequence[tuple[str, Hashable]]

@@ -24,7 +24,7 @@ class DelegatingInner(InnerStore):
         self.inner = inner
         self.capabilities = inner.capabilities
         if type(self).get_many_into is InnerStore.get_many_into:  # (reads in threads only if passed on)
-            self.capabilities = dataclasses.replace(inner.capabilities, reads_in_threads=False)
+            self.capabilities = dataclasses.replace(inner.capabilities, hands_as_read=False)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DelegatingInner) and type(other) is type(self) and self.inner == other.inner

@@ -159,7 +159,7 @@ class LocalInner(InnerStore):
     half a shard."""
 
     capabilities = Capabilities(
-        versions=True, versioned_ranges=True, append=True, writes_buffers=True, reads_in_threads=True
+        versions=True, versioned_ranges=True, append=True, writes_buffers=True, hands_as_read=True
     )
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -167,7 +167,7 @@ class LocalInner(InnerStore):
         self._root = os.fspath(self.root)
         self._at_once = _NOWAIT is not None and on_local_disk(self._root)
         if type(self).get_many_versioned is not LocalInner.get_many_versioned:  # (see get_many_into)
-            self.capabilities = dataclasses.replace(self.capabilities, reads_in_threads=False)
+            self.capabilities = dataclasses.replace(self.capabilities, hands_as_read=False)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalInner) and self.root == other.root

@@ -166,7 +166,9 @@ class ObstoreInner(TaggedReadsOnly):
         self.store = store
         self._origin: tuple[str, dict[str, Any] | None] | None = None
         self.location = _location(store)
-        self.capabilities = Capabilities(remote=True, versioned_ranges=True, conditional_writes=True)
+        self.capabilities = Capabilities(
+            remote=True, versioned_ranges=True, conditional_writes=True, hands_as_read=True
+        )
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict[str, Any] | None = None) -> ObstoreInner:

@@ -206,7 +206,7 @@ class ShardReader:
         not cached: the caller reads every chunk out of a snapshot alike. ``into``: memory
         to read into what is not cached (shards passing through, see
         :meth:`fetch_shards`, and spans of chunks). ``each``: what takes the shards
-        passing through as they are read, where the inner store ``reads_in_threads``
+        passing through as they are read, where the inner store ``hands_as_read``
         (see :meth:`fetch_shards`); None in the list for those."""
         ways = self._ways([(shard, set(places)) for shard, places, _ in wanted])
         got: list[ShardSnapshot | None] = list(ways.cached)
@@ -387,9 +387,9 @@ class ShardReader:
         shards alone is read into memory ``into`` gives, where given and the store
         reads into memory (:meth:`~shardstore.inner.InnerStore.get_many_into`): a
         bulk read's caller gives memory a group read before it no longer needs.
-        Where the store also ``reads_in_threads``, such shards go to
-        ``each(i, snapshot)`` (``i``: the place in ``shards``) on the thread that read
-        each, as soon as it is read, and come as ``(None, None)``: each shard's
+        Where the store also ``hands_as_read``, such shards go to
+        ``each(i, snapshot)`` (``i``: the place in ``shards``) on a worker thread, as
+        soon as each is read, and come as ``(None, None)``: each shard's
         memory is free for the next as soon as ``each`` is done with it. A shard
         another read has joined the fetch of by then comes as its snapshot instead,
         for both; one joined later is fetched again by the read that joined. What
@@ -441,7 +441,7 @@ class ShardReader:
             requests: list[tuple[str, ByteRequest | None]] = [(key, None) for key in keys]
             then: ReadThen | None = None
             if into is not None and all(key in passing for key in keys):
-                if each is not None and self._inner.capabilities.reads_in_threads:
+                if each is not None and self._inner.capabilities.hands_as_read:
                     then = self._handing(mine, sent, each, outcomes, given)
                 raws = await self._inner.get_many_into(requests, [None] * len(keys), into, then)
             else:
