@@ -31,7 +31,6 @@ chunks, each written atomically, are skipped when they exist.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import pickle
 import threading
 import time
@@ -46,6 +45,7 @@ from zarr.core.sync import sync
 
 import shardstore.progress as bars
 from shardstore.addressing import ShardAddress, locate
+from shardstore.cores import available_cores
 from shardstore.errors import ShardFormatError, ShardingConfigError, ShardStoreError
 from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.metadata import (
@@ -87,8 +87,9 @@ Progress = Callable[[int, int], None]
 
 
 def default_workers() -> int:
-    """Threads copying units at once by default: one per CPU, at most 8."""
-    return min(8, os.cpu_count() or 1)
+    """Threads copying units at once by default: one per core this process may use, at
+    most 8."""
+    return min(8, available_cores())
 
 
 @dataclass(frozen=True)

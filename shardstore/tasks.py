@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Generic, TypeVar
 
+from shardstore.cores import available_cores
+
 __all__ = [
     "at_work",
     "gather",
@@ -119,7 +121,7 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
     shared = size < SHARED_FROM_BYTES
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     if shared and (n == 1 or size < ALONE_BELOW_BYTES or cores < SHARED_FROM_CORES):
         work(range(n))
         return
@@ -235,7 +237,7 @@ async def handed_to_threads(work: Callable[[T], None]) -> AsyncIterator[Callable
     worked on while the others are still awaited. All of it begun has ended when the
     block is left: the first error ``work`` raised is raised then; if the block
     raises or is cancelled, items not begun are dropped, and those begun end first."""
-    handoff = _Handoff(work, os.cpu_count() or 1)
+    handoff = _Handoff(work, available_cores())
     try:
         yield handoff.hand
     except BaseException:
@@ -318,7 +320,7 @@ def _helper_pool() -> concurrent.futures.ThreadPoolExecutor:
         with _lock:
             if _helpers is None:
                 _helpers = concurrent.futures.ThreadPoolExecutor(
-                    max(1, (os.cpu_count() or 1) - 1), thread_name_prefix="shardstore-share"
+                    max(1, available_cores() - 1), thread_name_prefix="shardstore-share"
                 )
     return _helpers
 

@@ -177,7 +177,7 @@ def test_in_threads_shares_the_work_out_and_raises_only_once_every_item_begun_ha
     """A thread per core takes one item at a time; a failing item's error is raised
     after the items other threads began have ended (nothing runs on after the call),
     and every item is worked on exactly once."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     parts: list[range] = []
     asyncio.run(tasks.in_threads(parts.append, 7))
     assert sorted(parts, key=lambda r: r.start) == [range(k, k + 1) for k in range(7)]
@@ -203,7 +203,7 @@ def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
 ) -> None:
     """The first item ends only once all the others have: with a fixed slice per thread,
     the second item would wait behind the first on its thread, forever."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     done: list[int] = []
     rest = threading.Event()
 
@@ -223,7 +223,7 @@ class _HeldItems:
     threads are at work (``both_begun``) and see what they did."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+        monkeypatch.setattr(tasks, "available_cores", lambda: 2)
         self.done: list[int] = []
         self.running: list[int] = []
         self.release = threading.Event()
@@ -315,7 +315,7 @@ def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.Mo
     """Below ALONE_BELOW_BYTES (or one item below SHARED_FROM_BYTES, or any work below it
     on two cores) the work is one piece on the caller's thread; from SHARED_FROM_BYTES
     on (or unsaid), a thread per core taking an item at a time, the caller's thread free."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     seen: list[tuple[range, threading.Thread]] = []
 
     def work(part: range) -> None:
@@ -340,7 +340,7 @@ def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.Mo
             range(k, k + 1) for k in range(6)
         ]
         assert all(thread is not caller for _, thread in seen)
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 3)  # (SHARED_FROM_CORES: shared, a slice a core)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 3)  # (SHARED_FROM_CORES: shared, a slice a core)
     seen.clear()
     asyncio.run(run(6, tasks.SHARED_FROM_BYTES - 1))
     assert sorted((part for part, _ in seen), key=lambda r: r.start) == [
@@ -357,7 +357,7 @@ def test_in_threads_shares_middling_work_with_a_helper_and_never_waits_on_a_busy
     slice and a helper thread the other, the call returning once both have ended; with
     every helper busy elsewhere, the caller's thread does the other slice itself
     instead of waiting; a helper's error is raised once every slice has ended."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     monkeypatch.setattr(tasks, "_helpers", None)
     middling = tasks.SHARED_FROM_BYTES - 1
@@ -425,7 +425,7 @@ def test_in_threads_lets_go_of_the_work_before_it_returns(
     what it refers to): memory handed out again once nothing refers to it (see
     ShardBuffers) is free at the call's end, not some moment after, also where a busy
     helper's share was taken back and waits in its queue."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     monkeypatch.setattr(tasks, "_helpers", None)
     release = threading.Event()
@@ -449,7 +449,7 @@ def test_in_threads_never_raises_while_a_helpers_slice_still_runs(monkeypatch: p
     """Interrupted while it waits for a helper (Ctrl-C in ``result()``), the call still
     waits for that slice to end before raising: the helper writes into the caller's
     buffers."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     started, interrupted, ended = threading.Event(), threading.Event(), threading.Event()
@@ -487,7 +487,7 @@ def test_in_threads_does_every_slice_itself_when_the_helpers_take_no_more_work(
 ) -> None:
     """At interpreter exit the helper pool refuses new work: the caller's thread then
     does it all, as it did below ALONE_BELOW_BYTES."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     monkeypatch.setattr(tasks, "SHARED_FROM_CORES", 2)  # (shared as on more cores)
     closed = concurrent.futures.ThreadPoolExecutor(1)
     closed.shutdown()
@@ -510,7 +510,7 @@ async def test_items_handed_to_threads_are_worked_on_by_a_thread_per_core_at_mos
 ) -> None:
     """Each item goes to a worker thread as it is handed, two at once on two cores, the
     third only once one of those is done; all are done when the block is left."""
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     lock, release, two = threading.Lock(), threading.Event(), threading.Event()
     running, most, done, threads = [0], [0], [], set()
 
@@ -541,7 +541,7 @@ async def test_items_handed_to_threads_are_worked_on_by_a_thread_per_core_at_mos
 async def test_what_work_handed_to_threads_raises_is_raised_once_no_item_runs_any_more(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
     began, release, done = threading.Event(), threading.Event(), []
 
     def work(item: int) -> None:
@@ -570,7 +570,7 @@ async def test_what_work_handed_to_threads_raises_is_raised_once_no_item_runs_an
 async def test_a_block_that_raises_drops_the_items_not_begun_and_waits_for_those_begun(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tasks.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(tasks, "available_cores", lambda: 1)
     began, release, done = threading.Event(), threading.Event(), []
 
     def work(item: int) -> None:
