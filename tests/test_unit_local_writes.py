@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardstore.inner.local as local_module
+import shardstore.tasks
 from shardstore.formats.indexed.format import IndexedFormat
 from shardstore.inner.local import LocalInner
 from shardstore.inner.locks import file_lock, lock_path
@@ -286,3 +287,49 @@ def test_a_writer_waiting_on_a_lock_that_became_the_shard_takes_a_new_lock(tmp_p
     assert done.wait(30)
     assert seen["held"] == seen["named"] != seen["shard"]  # a new lock file, not the shard
     assert shard.read_bytes() == b"new" and not lock_path(shard).exists()
+
+
+def _commits_by_thread(
+    tmp_path: Path, sizes: list[int], gate: threading.Barrier | None = None, gated_from: int = 0
+) -> list[int]:
+    """Commit one new object of each of ``sizes`` in one ``update_many``: the thread
+    that made each (those from ``gated_from`` on wait at ``gate``, where given)."""
+    import asyncio
+
+    threads: list[int] = [0] * len(sizes)
+
+    def change(k: int) -> Any:
+        def made(old: Any) -> bytes:
+            threads[k] = threading.get_ident()
+            if gate is not None and k >= gated_from:
+                gate.wait()
+            return bytes(sizes[k])
+
+        return made
+
+    inner = LocalInner(tmp_path)
+    changes = [(f"c/{k}", change(k)) for k in range(len(sizes))]
+    errors = asyncio.run(inner.update_many(changes, read_old=False))
+    assert errors == [None] * len(sizes)
+    assert [(tmp_path / f"c/{k}").stat().st_size for k in range(len(sizes))] == sizes
+    return threads
+
+
+def test_small_commits_are_made_by_one_worker_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dozen quick system calls a commit: two threads at them would only hand the GIL
+    back and forth."""
+    monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
+    threads = _commits_by_thread(tmp_path, [4096] * 40)
+    assert len(set(threads)) == 1 and threading.get_ident() not in threads
+
+
+def test_big_commits_are_shared_out_from_the_first_big_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the first object of SHARED_COMMITS_FROM_BYTES, the rest go a thread per core:
+    two of them are made at once (they wait for each other at a barrier; one thread
+    alone would wait 10 s and fail)."""
+    monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
+    big = local_module.SHARED_COMMITS_FROM_BYTES
+    threads = _commits_by_thread(tmp_path, [100, big, big + 1, big + 2], threading.Barrier(2, timeout=10), 2)
+    assert len(set(threads[:2])) == 1 and len(set(threads[2:])) == 2
