@@ -217,3 +217,70 @@ def test_dense_shards_are_what_build_makes_of_the_same_chunks(
     for (blob, _), chunks in zip(objects, every, strict=True):
         assert bytes(blob) == layout.build(chunks)
         assert layout.split(bytes(blob), "k") == chunks
+
+
+_ranges = st.one_of(st.just((MISSING, MISSING)), st.tuples(st.integers(0, 600), st.integers(0, 80)))
+"""An index entry: absent, or a range (overlapping others, out of order, past the end...)."""
+_odd = st.sampled_from([(MISSING, 5), (0, MISSING), (2**60, 5), (0, 2**60)])
+"""An entry half empty, or absurdly large."""
+
+
+@st.composite
+def raw_indices(draw: st.DrawFn) -> tuple[IndexedFormat, list[bytes], list[int]]:
+    """A layout, several raw indices of it (many sound, some damaged), and shard sizes."""
+    layout = draw(layouts)
+    raws, sizes = [], []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):  # a sound shard, as built
+            chunks = {
+                p: draw(st.binary(max_size=20)) for p in draw(st.sets(st.integers(0, layout.n_chunks - 1)))
+            }
+            shard = layout.build(chunks)
+            raw = shard[layout.index_slice(len(shard))]
+            size = len(shard) - draw(st.sampled_from([0, 0, 0, 1]))  # (a byte short: out of bounds)
+        else:
+            pairs = draw(st.lists(_ranges, min_size=layout.n_chunks, max_size=layout.n_chunks))
+            if draw(st.integers(0, 3)) == 0:
+                pairs[draw(st.integers(0, layout.n_chunks - 1))] = draw(_odd)
+            raw = layout.encode_index(np.array(pairs, dtype=np.uint64))
+            size = draw(st.integers(0, 700))
+        if draw(st.integers(0, 9)) == 0:
+            raw = raw[:-1]  # cut short
+        raws.append(raw)
+        sizes.append(size)
+    return layout, raws, sizes
+
+
+def _one_by_one(layout: IndexedFormat, raws: list[bytes], sizes: list[int]) -> object:
+    """What decoding and checking each index in turn gives: the tables, or the first error."""
+    try:
+        tables = [layout.decode_index(raw, f"s/{k}") for k, raw in enumerate(raws)]
+        for k, (table, size) in enumerate(zip(tables, sizes, strict=True)):
+            layout.check_table(table, size, f"s/{k}")
+    except ShardFormatError as exc:
+        return str(exc)
+    return [table.tolist() for table in tables]
+
+
+@given(raw_indices())
+def test_indices_decoded_and_checked_together_are_as_one_by_one(
+    case: tuple[IndexedFormat, list[bytes], list[int]],
+) -> None:
+    """read_parts and check_tables check many indices with numpy at once: the same
+    tables, or the same error (the first damaged index's, or the first out of bounds)."""
+    layout, raws, sizes = case
+    keys = [f"s/{k}" for k in range(len(raws))]
+    want = _one_by_one(layout, raws, sizes)
+    try:
+        tables = layout.read_parts([0] * len(raws), raws, keys)
+    except ShardFormatError as exc:
+        assert isinstance(want, str)
+        # (a damaged index raises before any is checked against its shard's size)
+        assert str(exc) == _one_by_one(layout, raws, [2**40] * len(raws))
+        return
+    try:
+        layout.check_tables(tables, sizes, keys)
+    except ShardFormatError as exc:
+        assert str(exc) == want
+        return
+    assert [np.asarray(table).tolist() for table in tables] == want

@@ -246,6 +246,13 @@ class ShardFormat(ABC):
         :meth:`decode_part`); ShardFormatError naming ``key`` for damage."""
         return self.decode_index(raw, key)
 
+    def read_parts(
+        self, parts: Sequence[int], raws: Sequence[bytes | memoryview], keys: Sequence[str]
+    ) -> list[ChunkTable | RangeByteRequest]:
+        """:meth:`read_part` of several shards' parts at once (a format may check them
+        all in one go); the first damaged one, in order, raises as it would."""
+        return [self.read_part(part, raw, key) for part, raw, key in zip(parts, raws, keys, strict=True)]
+
     def decode_part(self, part: int, raw: bytes | memoryview, key: str) -> ChunkTable:
         """A part's table from its second level (formats of more than one index)."""
         raise NotImplementedError(f"{self.type_name} shards have one index")
@@ -262,6 +269,12 @@ class ShardFormat(ABC):
     def check_table(self, table: ChunkTable, nbytes: int, key: str) -> None:
         """Raise ShardFormatError naming ``key`` if ``table`` locates anything outside an
         object of ``nbytes``."""
+
+    def check_tables(self, tables: Sequence[ChunkTable], nbytes: Sequence[int], keys: Sequence[str]) -> None:
+        """:meth:`check_table` of several shards at once; the first bad one, in order,
+        raises as it would."""
+        for table, size, key in zip(tables, nbytes, keys, strict=True):
+            self.check_table(table, size, key)
 
     @abstractmethod
     def table_figures(self, table: ChunkTable, nbytes: int) -> TableFigures:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -227,15 +228,26 @@ class IndexReader:
             self._inner, [(s.key, s.shard_format.part_request(p)) for s, p in todo], [None] * len(todo)
         )
         seconds: list[tuple[ShardRef, int, RangeByteRequest, Hashable | None]] = []
-        for (shard, part), (raw, version) in zip(todo, firsts, strict=True):
+        tables: list[tuple[ShardRef, int, ChunkTable, Hashable | None]] = []
+        read: dict[int, list[int]] = {}  # each format's parts read, by the format's id
+        for k, ((shard, part), (raw, version)) in enumerate(zip(todo, firsts, strict=True)):
             if raw is None or raw is STALE:
                 found[(shard.key, part)] = (None, version)  # no shard (yet)
-                continue
-            located = shard.shard_format.read_part(part, raw, shard.key)
-            if isinstance(located, RangeByteRequest):
-                seconds.append((shard, part, located, version))
             else:
-                self._found(shard, part, located, version, sent, found)
+                read.setdefault(id(shard.shard_format), []).append(k)
+        for ks in read.values():  # (one format, as a rule: that of one array)
+            located = todo[ks[0]][0].shard_format.read_parts(
+                [todo[k][1] for k in ks],
+                [cast(ChunkBytes, firsts[k][0]) for k in ks],
+                [todo[k][0].key for k in ks],
+            )
+            for k, where in zip(ks, located, strict=True):
+                (shard, part), version = todo[k], firsts[k][1]
+                if isinstance(where, RangeByteRequest):
+                    seconds.append((shard, part, where, version))
+                else:
+                    tables.append((shard, part, where, version))
+        self._found(tables, sent, found)
         raws = await read_merged(
             self._inner, [(s.key, where) for s, _, where, _ in seconds], [v for *_, v in seconds]
         )
@@ -253,24 +265,30 @@ class IndexReader:
                 again.append((shard, part))
                 continue
             self._found(
-                shard, part, shard.shard_format.decode_part(part, raw, shard.key), version, sent, found
+                [(shard, part, shard.shard_format.decode_part(part, raw, shard.key), version)], sent, found
             )
         return again
 
     def _found(
-        self,
-        shard: ShardRef,
-        part: int,
-        table: ChunkTable,
-        version: Hashable | None,
-        sent: float,
-        found: PartTables,
+        self, tables: list[tuple[ShardRef, int, ChunkTable, Hashable | None]], sent: float, found: PartTables
     ) -> None:
-        size = self._inner.object_size(version)
-        if size is not None:  # before any range is requested
-            shard.shard_format.check_table(table, size, shard.key)
-        self.keep(shard, part, table, version, sent)
-        found[(shard.key, part)] = (table, version)
+        """Parts read (a shard, its part, the part's table, the shard's version), each
+        checked against the shard's size where the version tells it (before any range
+        is requested: each format's all at once), then kept and noted in ``found``."""
+        sized: dict[int, list[tuple[ShardRef, ChunkTable, int]]] = {}
+        for shard, _, table, version in tables:
+            size = self._inner.object_size(version)
+            if size is not None:
+                sized.setdefault(id(shard.shard_format), []).append((shard, table, size))
+        for checked in sized.values():
+            checked[0][0].shard_format.check_tables(
+                [table for _, table, _ in checked],
+                [size for *_, size in checked],
+                [s.key for s, *_ in checked],
+            )
+        for shard, part, table, version in tables:
+            self.keep(shard, part, table, version, sent)
+            found[(shard.key, part)] = (table, version)
 
 
 def _parts_of(chunks: Sequence[ChunkRef]) -> list[int]:
