@@ -12,7 +12,6 @@ Parsing is pure; the files are read once, at first use.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -26,8 +25,21 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 @functools.cache
 def available_cores() -> int:
     """The cores this process may use (at least 1), counted once."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores_allowed(cpus, _read_text)
+    return cores_allowed(_cpus(), _read_text)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (Python 3.13: as ``-X cpu_count`` or
+    ``PYTHON_CPU_COUNT`` says, where set); the machine's where the system cannot tell."""
+    counted: Callable[[], int | None] | None = getattr(os, "process_cpu_count", None)
+    try:
+        if counted is not None:
+            return counted() or 1
+        if hasattr(os, "sched_getaffinity"):
+            return len(os.sched_getaffinity(0)) or 1
+    except OSError:  # (a sandbox that refuses to say)
+        pass
+    return os.cpu_count() or 1
 
 
 def cores_allowed(cpus: int, read: Callable[[str], str | None], root: str = CGROUP_ROOT) -> int:
@@ -45,14 +57,14 @@ def quota_cores(quota_us: int, period_us: int) -> int | None:
     no quota (negative, as cgroup v1 says "none")."""
     if quota_us <= 0 or period_us <= 0:
         return None
-    return max(1, math.ceil(quota_us / period_us))
+    return max(1, -(-quota_us // period_us))
 
 
 def cpu_max_cores(text: str) -> int | None:
     """:func:`quota_cores` of a cgroup v2 ``cpu.max`` ("150000 100000"; "max 100000":
     none); None too for anything else."""
     fields = text.split()
-    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+    if len(fields) != 2 or not all(f.isascii() and f.isdigit() for f in fields):
         return None
     return quota_cores(int(fields[0]), int(fields[1]))
 

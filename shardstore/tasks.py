@@ -107,7 +107,9 @@ _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 """Threads that take a share of work the caller's thread waits for (one per other core)."""
 
 
-async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | None = None) -> None:
+async def in_threads(
+    work: Callable[[range], None], n: int, *, nbytes: int | None = None, at_most: int | None = None
+) -> None:
     """``work`` over ``range(n)`` by a thread per core (for work that releases the GIL:
     codecs, system calls); all of it begun has ended when this returns or raises (the
     first error), also when the call is cancelled: a thread cannot be stopped, so what
@@ -116,12 +118,13 @@ async def in_threads(work: Callable[[range], None], n: int, *, nbytes: int | Non
     (SHARED_FROM_BYTES or more, or unsaid; see :func:`_pulling`), a slice per core, the
     caller's thread doing the first and waiting for the others (less, on
     SHARED_FROM_CORES or more), or the caller's thread doing all of it (less than
-    ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on fewer cores)."""
+    ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on fewer cores). ``at_most``: so
+    many threads at most, where the caller says."""
     if n == 0:
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
     shared = size < SHARED_FROM_BYTES
-    cores = available_cores()
+    cores = available_cores() if at_most is None else min(available_cores(), at_most)
     if shared and (n == 1 or size < ALONE_BELOW_BYTES or cores < SHARED_FROM_CORES):
         work(range(n))
         return
@@ -240,6 +243,9 @@ async def handed_to_threads(work: Callable[[T], None]) -> AsyncIterator[Callable
     handoff = _Handoff(work, available_cores())
     try:
         yield handoff.hand
+    except GeneratorExit:  # closed, not cancelled: its loop is gone, nothing can be awaited
+        handoff.drop()
+        raise
     except BaseException:
         await handoff.ended(stop=True)
         raise
@@ -282,7 +288,7 @@ class _Handoff(Generic[T]):
             try:
                 self._work(item)
             except BaseException:
-                self._drop()
+                self.drop()
                 with self._lock:
                     self._running -= 1
                 raise
@@ -292,13 +298,13 @@ class _Handoff(Generic[T]):
         or where this is cancelled meanwhile); the first error a thread raised is
         raised unless ``stop`` (the caller has an error of its own)."""
         if stop:
-            self._drop()
+            self.drop()
         # (futures, not tasks, as in in_threads: a cancelled task ends while its thread runs on)
         threads = asyncio.gather(*self._threads, return_exceptions=True)
         try:
             outcomes = await asyncio.shield(threads)
         except BaseException as stopped:
-            self._drop()
+            self.drop()
             while not threads.done() and not isinstance(stopped, GeneratorExit):
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(threads)
@@ -307,7 +313,8 @@ class _Handoff(Generic[T]):
             if isinstance(outcome, BaseException) and not stop:
                 raise outcome
 
-    def _drop(self) -> None:
+    def drop(self) -> None:
+        """Take no more items; those handed and not begun are dropped."""
         with self._lock:
             self._stopped = True
             self._items.clear()

@@ -383,3 +383,20 @@ def test_a_whole_read_decodes_each_shard_on_a_worker_thread_as_it_comes(
     np.testing.assert_array_equal(arr[:], np.arange(256 * 256, dtype="f4").reshape(256, 256))
     assert s3.counts["GET"] == 4
     assert threads and all(name.startswith("asyncio") for name in threads)  # (the loop's executor)
+
+
+def test_an_s3_store_whose_subclass_changes_reads_does_not_say_it_hands_values_as_read(s3: LocalS3) -> None:
+    """Its reads hand values on after the batch (through the subclass's reads): the
+    pipeline then decodes big shards a group at a time, off zarr's loop."""
+    import s3fs
+
+    from shardstore.inner.s3 import S3Inner
+
+    class Delayed(S3Inner):
+        async def get_many_versioned(self, requests: Any, expected: Any) -> Any:
+            return await super().get_many_versioned(requests, expected)
+
+    fs = s3fs.S3FileSystem(**s3.storage_options)
+    assert S3Inner(fs, "shardstore/x").capabilities.hands_as_read
+    assert not Delayed(fs, "shardstore/x").capabilities.hands_as_read
+    assert Delayed(fs, "shardstore/x").capabilities.conditional_writes

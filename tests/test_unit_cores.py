@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardstore import cores
 from shardstore.cores import available_cores, cgroup_dirs, cores_allowed, cpu_max_cores, quota_cores
 
 
@@ -26,7 +27,15 @@ def test_no_quota_gives_no_cap(quota: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "want"),
-    [("150000 100000\n", 2), ("200000 100000", 2), ("50000 100000", 1), ("max 100000\n", None), ("", None)],
+    [
+        ("150000 100000\n", 2),
+        ("200000 100000", 2),
+        ("50000 100000", 1),
+        ("max 100000\n", None),
+        ("", None),
+        ("\u00b2 100000", None),  # (a digit to str.isdigit, none to int)
+        (f"{10**400} 100000", 10**395),  # (too big for a float)
+    ],
 )
 def test_cgroup_v2_cpu_max(text: str, want: int | None) -> None:
     assert cpu_max_cores(text) == want
@@ -67,3 +76,19 @@ def test_the_count_is_the_cpus_allowed_capped_by_the_tightest_quota() -> None:
 def test_this_process_has_at_least_one_core_and_no_more_than_it_may_run_on() -> None:
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert 1 <= available_cores() <= (allowed or 1)
+
+
+def test_a_system_that_will_not_say_its_cpus_counts_the_machines(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "process_cpu_count", refuse, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", refuse, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 5)
+    assert cores._cpus() == 5
+
+
+@pytest.mark.skipif(not hasattr(os, "process_cpu_count"), reason="Python 3.13's override of the count")
+def test_pythons_own_cpu_count_override_is_heard(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "process_cpu_count", lambda: 1)  # (as with PYTHON_CPU_COUNT=1)
+    assert cores._cpus() == 1

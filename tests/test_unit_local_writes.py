@@ -333,3 +333,38 @@ def test_big_commits_are_shared_out_from_the_first_big_one(
     big = local_module.SHARED_COMMITS_FROM_BYTES
     threads = _commits_by_thread(tmp_path, [100, big, big + 1, big + 2], threading.Barrier(2, timeout=10), 2)
     assert len(set(threads[:2])) == 1 and len(set(threads[2:])) == 2
+
+
+def test_a_cancelled_batch_of_small_commits_begins_no_more(tmp_path: Path) -> None:
+    """Small objects are committed one at a time from the threads' cursor: a call
+    cancelled while one is made ends once it is, the rest never begun."""
+    import asyncio
+
+    began, release, made = threading.Event(), threading.Event(), []
+
+    def change(k: int) -> Any:
+        def new(old: Any) -> bytes:
+            if k == 0:
+                began.set()
+                release.wait(10)
+            made.append(k)
+            return b"x"
+
+        return new
+
+    async def main() -> None:
+        inner = LocalInner(tmp_path)
+        call = asyncio.ensure_future(
+            inner.update_many([(f"c/{k}", change(k)) for k in range(50)], read_old=False)
+        )
+        assert await asyncio.to_thread(began.wait, 10)
+        call.cancel()
+        for _ in range(20):  # (a count of loop turns, not a time)
+            await asyncio.sleep(0)
+        assert not call.done()  # it waits for the commit under way
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(main())
+    assert made == [0] and [p.name for p in (tmp_path / "c").iterdir() if not p.name.startswith(".")] == ["0"]

@@ -593,3 +593,33 @@ async def test_a_block_that_raises_drops_the_items_not_begun_and_waits_for_those
     with pytest.raises(KeyError, match="the block's own"):
         await call
     assert done == [1]
+
+
+def test_a_handing_block_closed_unawaited_closes_quietly_and_begins_no_more_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A coroutine closed where it waits (its loop gone) cannot wait for its threads: it
+    closes without awaiting, and the items not begun are dropped."""
+    monkeypatch.setattr(tasks, "available_cores", lambda: 1)
+    began, release, done = threading.Event(), threading.Event(), []
+
+    def work(item: int) -> None:
+        began.set()
+        release.wait(10)
+        done.append(item)
+
+    async def block() -> None:
+        async with tasks.handed_to_threads(work) as hand:
+            hand(1)
+            hand(2)
+            await asyncio.Event().wait()  # (a request awaited)
+
+    async def main() -> None:
+        call = block()
+        call.send(None)  # (to its first wait)
+        assert await asyncio.to_thread(began.wait, 10)
+        call.close()  # (no "coroutine ignored GeneratorExit")
+        release.set()
+
+    asyncio.run(main())  # (its end waits for the executor's threads)
+    assert done == [1]

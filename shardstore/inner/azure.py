@@ -19,7 +19,16 @@ from typing import Any
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, TaggedReadsOnly, failure
+from shardstore.inner.base import (
+    ANY_VERSION,
+    CONDITIONAL,
+    NOT_MODIFIED,
+    STALE,
+    TaggedReadsOnly,
+    VersionedReads,
+    failure,
+    handing_as_read,
+)
 from shardstore.inner.fsspec_fs import FsspecInner
 
 __all__ = ["AzureInner", "is_azure"]
@@ -40,7 +49,7 @@ class AzureInner(TaggedReadsOnly, FsspecInner):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = CONDITIONAL
+        self.capabilities = handing_as_read(self, CONDITIONAL, VersionedReads.get_many_versioned)
 
     def _blob(self, fs: Any, key: str) -> Any:
         container, name, _ = fs.split_path(self._path(key))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -390,6 +391,15 @@ def took(
         return
     got[k] = (None, read[1])
     then(k, *read)
+
+
+def handing_as_read(store: InnerStore, capabilities: Capabilities, reads: Callable[..., Any]) -> Capabilities:
+    """``capabilities`` of ``store``, without ``hands_as_read`` where its class's
+    ``get_many_versioned`` is not ``reads`` (a subclass that adds faults or delays): its
+    ``get_many_into`` reads through that, and hands values on after the batch."""
+    if type(store).get_many_versioned is reads:
+        return capabilities
+    return dataclasses.replace(capabilities, hands_as_read=False)
 
 
 CONDITIONAL = Capabilities(

@@ -24,7 +24,15 @@ from typing import Any
 import fsspec
 from zarr.abc.store import ByteRequest
 
-from shardstore.inner.base import ANY_VERSION, CONDITIONAL, NOT_MODIFIED, STALE, VersionedReads, failure
+from shardstore.inner.base import (
+    ANY_VERSION,
+    CONDITIONAL,
+    NOT_MODIFIED,
+    STALE,
+    VersionedReads,
+    failure,
+    handing_as_read,
+)
 from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
 __all__ = ["GCSInner", "is_gcs"]
@@ -54,7 +62,7 @@ class GCSInner(VersionedReads, FsspecInner):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = CONDITIONAL
+        self.capabilities = handing_as_read(self, CONDITIONAL, VersionedReads.get_many_versioned)
         _keep_retries_off_stderr()
 
     async def _request(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import os
@@ -30,6 +29,7 @@ from shardstore.inner.base import (
     ReadThen,
     Written,
     failure,
+    handing_as_read,
     is_temporary,
     took,
     written_nbytes,
@@ -175,8 +175,9 @@ class LocalInner(InnerStore):
         self.root = Path(root).expanduser().resolve()
         self._root = os.fspath(self.root)
         self._at_once = _NOWAIT is not None and on_local_disk(self._root)
-        if type(self).get_many_versioned is not LocalInner.get_many_versioned:  # (see get_many_into)
-            self.capabilities = dataclasses.replace(self.capabilities, hands_as_read=False)
+        self.capabilities = handing_as_read(
+            self, self.capabilities, LocalInner.get_many_versioned
+        )  # (see get_many_into)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LocalInner) and self.root == other.root
@@ -407,7 +408,7 @@ class LocalInner(InnerStore):
         # until one is big; big ones are shared out, one hop per core. Each commit is
         # made under its file lock.
         errors: list[Exception | None] = [None] * len(changes)
-        made = [0]
+        big: list[int] = []  # the objects from the first big one on, shared out
 
         def commit(k: int) -> int:
             key, change = changes[k]
@@ -418,19 +419,20 @@ class LocalInner(InnerStore):
                 errors[k] = exc
                 return 0
 
-        def while_small(_: range) -> None:
-            for k in range(len(changes)):
-                made[0] = k + 1
-                if commit(k) >= SHARED_COMMITS_FROM_BYTES:
-                    return
-
-        def rest(part: range) -> None:
+        def while_small(part: range) -> None:
             for k in part:
-                commit(made[0] + k)
+                if big:
+                    big.append(k)
+                elif commit(k) >= SHARED_COMMITS_FROM_BYTES:
+                    big.append(-1)  # (made: the next ones are shared out)
 
-        if changes:
-            await in_threads(while_small, 1)
-            await in_threads(rest, len(changes) - made[0])
+        def shared(part: range) -> None:
+            for k in part:
+                commit(big[1 + k])
+
+        # (an object at a time, from the threads' cursor: a cancelled call begins no more)
+        await in_threads(while_small, len(changes), at_most=1)
+        await in_threads(shared, max(0, len(big) - 1))
         return errors
 
     def _update(self, path: Path, change: Change, read_old: bool) -> int:

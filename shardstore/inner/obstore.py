@@ -46,7 +46,9 @@ from shardstore.inner.base import (
     STALE,
     Capabilities,
     TaggedReadsOnly,
+    VersionedReads,
     failure,
+    handing_as_read,
     slice_range,
 )
 from shardstore.inner.fsspec_fs import past_the_end
@@ -166,8 +168,10 @@ class ObstoreInner(TaggedReadsOnly):
         self.store = store
         self._origin: tuple[str, dict[str, Any] | None] | None = None
         self.location = _location(store)
-        self.capabilities = Capabilities(
-            remote=True, versioned_ranges=True, conditional_writes=True, hands_as_read=True
+        self.capabilities = handing_as_read(
+            self,
+            Capabilities(remote=True, versioned_ranges=True, conditional_writes=True, hands_as_read=True),
+            VersionedReads.get_many_versioned,
         )
 
     @classmethod

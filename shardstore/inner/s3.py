@@ -32,6 +32,7 @@ from shardstore.inner.base import (
     VersionedReads,
     Written,
     failure,
+    handing_as_read,
 )
 from shardstore.inner.fsspec_fs import FsspecInner, http_range, past_the_end
 
@@ -128,7 +129,10 @@ class S3Inner(VersionedReads, FsspecInner):
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         super().__init__(fs, root)
-        self.capabilities = dataclasses.replace(CONDITIONAL, writes_buffers=True)  # (see _put_body)
+        # (writes_buffers: see _put_body)
+        self.capabilities = handing_as_read(
+            self, dataclasses.replace(CONDITIONAL, writes_buffers=True), VersionedReads.get_many_versioned
+        )
 
     async def _prepare(self, fs: fsspec.AbstractFileSystem) -> None:
         if getattr(fs, "session", False) is None and getattr(fs, "_s3", False) is None:
