@@ -408,7 +408,8 @@ class LocalInner(InnerStore):
         # until one is big; big ones are shared out, one hop per core. Each commit is
         # made under its file lock.
         errors: list[Exception | None] = [None] * len(changes)
-        big: list[int] = []  # the objects from the first big one on, shared out
+        rest: list[int] = []  # the objects after the first big one: shared out
+        big = False
 
         def commit(k: int) -> int:
             key, change = changes[k]
@@ -419,20 +420,21 @@ class LocalInner(InnerStore):
                 errors[k] = exc
                 return 0
 
-        def while_small(part: range) -> None:
+        def one_by_one(part: range) -> None:
+            nonlocal big
             for k in part:
                 if big:
-                    big.append(k)
-                elif commit(k) >= SHARED_COMMITS_FROM_BYTES:
-                    big.append(-1)  # (made: the next ones are shared out)
+                    rest.append(k)
+                else:
+                    big = commit(k) >= SHARED_COMMITS_FROM_BYTES
 
         def shared(part: range) -> None:
             for k in part:
-                commit(big[1 + k])
+                commit(rest[k])
 
         # (an object at a time, from the threads' cursor: a cancelled call begins no more)
-        await in_threads(while_small, len(changes), at_most=1)
-        await in_threads(shared, max(0, len(big) - 1))
+        await in_threads(one_by_one, len(changes), at_most=1)
+        await in_threads(shared, len(rest))
         return errors
 
     def _update(self, path: Path, change: Change, read_old: bool) -> int:
