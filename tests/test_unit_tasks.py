@@ -538,61 +538,67 @@ async def test_items_handed_to_threads_are_worked_on_by_a_thread_per_core_at_mos
     assert threading.get_ident() not in threads
 
 
+class _HeldWork:
+    """Work on handed items, on ``cores`` threads at most: each, once begun, waits for
+    ``release`` (``began`` is set as the first begins; ``done`` lists those ended),
+    but those in ``failing``, which raise at once."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cores: int, failing: tuple[int, ...] = ()) -> None:
+        monkeypatch.setattr(tasks, "available_cores", lambda: cores)
+        self.began, self.release, self.failing = threading.Event(), threading.Event(), failing
+        self.done: list[int] = []
+
+    def __call__(self, item: int) -> None:
+        if item in self.failing:
+            raise ValueError(f"item {item}")
+        self.began.set()
+        self.release.wait(10)
+        self.done.append(item)
+
+
+async def _still_running(call: asyncio.Future[None]) -> bool:
+    for _ in range(50):  # (a count of loop turns, not a time)
+        await asyncio.sleep(0)
+    return not call.done()
+
+
 async def test_what_work_handed_to_threads_raises_is_raised_once_no_item_runs_any_more(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
-    began, release, done = threading.Event(), threading.Event(), []
-
-    def work(item: int) -> None:
-        if item == 1:
-            raise ValueError("item 1")
-        began.set()
-        release.wait(10)
-        done.append(item)
+    work = _HeldWork(monkeypatch, cores=2, failing=(1,))
 
     async def block() -> None:
         async with tasks.handed_to_threads(work) as hand:
             hand(2)
-            assert await asyncio.to_thread(began.wait, 10)
+            assert await asyncio.to_thread(work.began.wait, 10)
             hand(1)
 
     call = asyncio.ensure_future(block())
-    for _ in range(50):  # (a count of loop turns, not a time)
-        await asyncio.sleep(0)
-    assert not call.done()  # item 2 still runs
-    release.set()
+    assert await _still_running(call)  # item 2 still runs
+    work.release.set()
     with pytest.raises(ValueError, match="item 1"):
         await call
-    assert done == [2]
+    assert work.done == [2]
 
 
 async def test_a_block_that_raises_drops_the_items_not_begun_and_waits_for_those_begun(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tasks, "available_cores", lambda: 1)
-    began, release, done = threading.Event(), threading.Event(), []
-
-    def work(item: int) -> None:
-        began.set()
-        release.wait(10)
-        done.append(item)
+    work = _HeldWork(monkeypatch, cores=1)
 
     async def block() -> None:
         async with tasks.handed_to_threads(work) as hand:
             hand(1)
             hand(2)
-            assert await asyncio.to_thread(began.wait, 10)
+            assert await asyncio.to_thread(work.began.wait, 10)
             raise KeyError("the block's own")
 
     call = asyncio.ensure_future(block())
-    for _ in range(50):
-        await asyncio.sleep(0)
-    assert not call.done()  # item 1 still runs
-    release.set()
+    assert await _still_running(call)  # item 1 still runs
+    work.release.set()
     with pytest.raises(KeyError, match="the block's own"):
         await call
-    assert done == [1]
+    assert work.done == [1]
 
 
 def test_a_handing_block_closed_unawaited_closes_quietly_and_begins_no_more_items(
@@ -600,13 +606,7 @@ def test_a_handing_block_closed_unawaited_closes_quietly_and_begins_no_more_item
 ) -> None:
     """A coroutine closed where it waits (its loop gone) cannot wait for its threads: it
     closes without awaiting, and the items not begun are dropped."""
-    monkeypatch.setattr(tasks, "available_cores", lambda: 1)
-    began, release, done = threading.Event(), threading.Event(), []
-
-    def work(item: int) -> None:
-        began.set()
-        release.wait(10)
-        done.append(item)
+    work = _HeldWork(monkeypatch, cores=1)
 
     async def block() -> None:
         async with tasks.handed_to_threads(work) as hand:
@@ -617,9 +617,9 @@ def test_a_handing_block_closed_unawaited_closes_quietly_and_begins_no_more_item
     async def main() -> None:
         call = block()
         call.send(None)  # (to its first wait)
-        assert await asyncio.to_thread(began.wait, 10)
+        assert await asyncio.to_thread(work.began.wait, 10)
         call.close()  # (no "coroutine ignored GeneratorExit")
-        release.set()
+        work.release.set()
 
     asyncio.run(main())  # (its end waits for the executor's threads)
-    assert done == [1]
+    assert work.done == [1]
