@@ -400,3 +400,32 @@ def test_an_s3_store_whose_subclass_changes_reads_does_not_say_it_hands_values_a
     assert S3Inner(fs, "shardstore/x").capabilities.hands_as_read
     assert not Delayed(fs, "shardstore/x").capabilities.hands_as_read
     assert Delayed(fs, "shardstore/x").capabilities.conditional_writes
+
+
+def test_conditional_creates_of_one_object_racing_through_the_proxy_let_exactly_one_in(s3: LocalS3) -> None:
+    """As S3 does: of writes racing to create one object (``If-None-Match: *``), one
+    lands and the others are refused. moto alone checks and then writes; the proxy
+    hands it one change of an object at a time."""
+    import http.client
+    import threading
+    import uuid
+
+    host, port = s3.endpoint_url.removeprefix("http://").split(":")
+    key, n = f"/{s3.bucket}/race-{uuid.uuid4().hex}", 12
+    gate, statuses = threading.Barrier(n, timeout=30), []
+
+    def create(i: int) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        gate.wait()
+        conn.request("PUT", key, body=b"%02d" % i, headers={"If-None-Match": "*"})
+        response = conn.getresponse()
+        response.read()
+        statuses.append(response.status)
+        conn.close()
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(statuses) == n and statuses.count(200) == 1  # (the others refused: moto says 403)

@@ -113,10 +113,29 @@ class Traffic:
         return sum(self.counts.values())
 
 
+_CHANGES = frozenset({"PUT", "POST", "DELETE", "PATCH"})
+"""Methods that change an object (the writes the proxy hands on one at a time per object)."""
+
+
 def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[BaseHTTPRequestHandler]:
     local = threading.local()
+    by_object: collections.defaultdict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+    made = threading.Lock()
 
     def forward(method: str, path: str, headers: dict[str, str], body: bytes | None) -> Answer:
+        """The request handed on; a change one at a time per object, as a real object
+        store applies them: moto checks a conditional write's precondition and then
+        writes, with nothing between that keeps another write of the object out, so
+        two commits that both expected the same version could both land (in one CI
+        run, one of four Icechunk sessions racing to commit lost its chunk)."""
+        if method not in _CHANGES:
+            return _forward(method, path, headers, body)
+        with made:
+            turn = by_object[path.split("?")[0]]
+        with turn:
+            return _forward(method, path, headers, body)
+
+    def _forward(method: str, path: str, headers: dict[str, str], body: bytes | None) -> Answer:
         headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
         if body is not None:
             headers["Content-Length"] = str(len(body))
