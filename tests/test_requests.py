@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,10 +15,10 @@ from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
 
 
-def _setup(cps: tuple[int, ...] = (4, 4)) -> tuple[ShardingStore, CountingInner, zarr.Array]:
+def _setup(root: Path, cps: tuple[int, ...] = (4, 4)) -> tuple[ShardingStore, CountingInner, zarr.Array]:
     # a local directory: range reads there are checked against their index's version
     # (in memory, where they cannot be, shards are read whole)
-    counted = CountingInner(LocalInner(tempfile.mkdtemp(prefix="requests-")))
+    counted = CountingInner(LocalInner(str(root)))
     store = ShardingStore(counted, chunks_per_shard=cps)
     arr = zarr.create_array(store, name="a", shape=(16, 16), chunks=(2, 2), dtype="u2", compressors=None)
     return store, counted, arr
@@ -46,8 +45,8 @@ async def test_writes_covering_an_edge_shard_inside_the_array_do_not_read_it() -
     assert counted.counts.reads == 0 and counted.counts.writes == 1
 
 
-def test_chunk_read_is_two_ranged_requests() -> None:
-    _store, counted, arr = _setup()
+def test_chunk_read_is_two_ranged_requests(tmp_path: Path) -> None:
+    _store, counted, arr = _setup(tmp_path)
     arr[:] = np.arange(256, dtype="u2").reshape(16, 16)
     counted.counts.reset()
     assert arr[3, 5] == 3 * 16 + 5
@@ -57,8 +56,8 @@ def test_chunk_read_is_two_ranged_requests() -> None:
     assert counted.counts.bytes_read == 16 * 16 + 2 * 2 * 2  # a 16-entry index, one 8-byte chunk
 
 
-def test_get_partial_values_is_two_rounds_across_shards() -> None:
-    store, counted, arr = _setup()
+def test_get_partial_values_is_two_rounds_across_shards(tmp_path: Path) -> None:
+    store, counted, arr = _setup(tmp_path)
     arr[:] = 7
     counted.counts.reset()
     keys = [(f"a/c/{i}/{j}", None) for i in (0, 1, 4, 5) for j in (0, 4)]  # 2 of 16 chunks in 4 shards
@@ -68,8 +67,8 @@ def test_get_partial_values_is_two_rounds_across_shards() -> None:
     assert counted.counts.reads == 4 + 4  # four indices, then each shard's 2 ranges as one
 
 
-def test_get_partial_values_wanting_most_of_each_shard_fetches_them_whole() -> None:
-    store, counted, arr = _setup()
+def test_get_partial_values_wanting_most_of_each_shard_fetches_them_whole(tmp_path: Path) -> None:
+    store, counted, arr = _setup(tmp_path)
     arr[:] = 7
     counted.counts.reset()
     keys = [(f"a/c/{i}/{j}", None) for i in range(8) for j in range(8)]
@@ -79,8 +78,8 @@ def test_get_partial_values_wanting_most_of_each_shard_fetches_them_whole() -> N
     assert counted.counts.reads == 4  # each shard one request, its index parsed from its tail
 
 
-def test_erasing_a_whole_array_reads_no_shard() -> None:
-    store, counted, arr = _setup()
+def test_erasing_a_whole_array_reads_no_shard(tmp_path: Path) -> None:
+    store, counted, arr = _setup(tmp_path)
     arr[:] = 1
     counted.counts.reset()
     asyncio.run(store.delete_dir("a"))
@@ -109,8 +108,8 @@ def _keys(it: Any) -> list[str]:
     return asyncio.run(collect())
 
 
-def test_listing_reads_only_indices() -> None:
-    store, counted, arr = _setup()
+def test_listing_reads_only_indices(tmp_path: Path) -> None:
+    store, counted, arr = _setup(tmp_path)
     arr[0:2, 0:2] = 1
     arr[10:12, 14:16] = 1
     counted.counts.reset()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,10 +27,10 @@ def _array(store: ShardingStore, name: str = "a", **kwargs: Any) -> zarr.Array:
     return zarr.create_array(store, name=name, shape=SHAPE, chunks=CHUNKS, dtype="f4", **kwargs)
 
 
-def _counted_array_of_ones() -> tuple[ShardingStore, CountingInner, zarr.Array]:
+def _counted_array_of_ones(root: Path) -> tuple[ShardingStore, CountingInner, zarr.Array]:
     """A store over a counted local directory holding an array of ones (ranges read
     there, where they are checked against their index's version); counts start afterwards."""
-    counted = CountingInner(LocalInner(tempfile.mkdtemp(prefix="writes-")))
+    counted = CountingInner(LocalInner(str(root)))
     store = ShardingStore(counted, chunks_per_shard=CPS, read_strategy="chunk")
     arr = _array(store)
     arr[:] = 1
@@ -84,8 +83,8 @@ async def test_async_batch_and_reads_inside_see_the_batch() -> None:
     np.testing.assert_array_equal(await arr.getitem((slice(0, 12), slice(0, 12))), expected)
 
 
-def test_batch_commits_partial_shards_once_at_the_end() -> None:
-    store, counted, arr = _counted_array_of_ones()
+def test_batch_commits_partial_shards_once_at_the_end(tmp_path: Path) -> None:
+    store, counted, arr = _counted_array_of_ones(tmp_path)
     with store.batch():
         for i in range(0, 256, 32):
             arr[i, :] = 5  # every other chunk row: each shard half rewritten
@@ -155,8 +154,8 @@ def test_nested_batches_commit_at_the_outermost_exit() -> None:
 # -- the default: shard-at-once commits -------------------------------------------------------
 
 
-def test_default_single_chunk_update_is_one_read_and_one_write() -> None:
-    _, counted, arr = _counted_array_of_ones()
+def test_default_single_chunk_update_is_one_read_and_one_write(tmp_path: Path) -> None:
+    _, counted, arr = _counted_array_of_ones(tmp_path)
     arr[16:32, 32:48] = 2  # exactly chunk (1, 2), in shard (0, 0): zarr reads nothing
     assert counted.counts.writes == 1
     assert counted.counts.read_keys["a/c/0/0"] == 1  # the read-modify-write of that shard
