@@ -429,3 +429,29 @@ def test_conditional_creates_of_one_object_racing_through_the_proxy_let_exactly_
     for thread in threads:
         thread.join()
     assert len(statuses) == n and statuses.count(200) == 1  # (the others refused: moto says 403)
+
+
+def test_a_proxy_in_its_own_process_counts_requests_and_bytes_and_adds_its_latency() -> None:
+    """The benchmarks' proxy (:func:`~shardstore.testing.s3.apart_s3`) counts what
+    the one in the client's process counts, takes the latency set here, and ends
+    with its block."""
+    import multiprocessing
+    import time
+
+    from shardstore.testing.s3 import apart_s3
+
+    with apart_s3(bucket="apart") as s3:
+        fs = fsspec.filesystem("s3", **s3.storage_options, skip_instance_cache=True)
+        fs.pipe_file(s3.url("x"), b"abcd" * 100)  # one PUT (no go-ahead asked for 400 bytes)
+        assert (s3.requests, s3.bytes_up) == (1, 400)
+        s3.reset()
+        assert fs.cat_file(s3.url("x"), start=0) == b"abcd" * 100  # one ranged GET
+        assert (s3.requests, s3.bytes_up, s3.bytes_down) == (1, 0, 400)
+        s3.latency_s = 0.25
+        began = time.monotonic()
+        fs.cat_file(s3.url("x"), start=0)
+        assert time.monotonic() - began >= 0.25  # (a lower bound: a sleep is never shorter)
+        assert s3.requests == 2
+        (proxy,) = [p for p in multiprocessing.active_children() if p.name == "proxy"]
+    proxy.join(10)
+    assert not proxy.is_alive()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import collections
 import fcntl
 import http.client
+import multiprocessing
+import multiprocessing.connection
 import os
 import socket
 import subprocess
@@ -20,13 +22,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Answer", "Forward", "Guard", "Traffic", "proxied", "server_process"]
+__all__ = [
+    "Answer",
+    "Forward",
+    "Guard",
+    "SharedCounts",
+    "Traffic",
+    "proxied",
+    "proxied_apart",
+    "server_process",
+]
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
@@ -112,6 +123,10 @@ class Traffic:
     def requests(self) -> int:
         return sum(self.counts.values())
 
+    def added_latency_s(self) -> float:
+        """The latency added to each request now."""
+        return self.latency_s
+
 
 _CHANGES = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 """Methods that change an object (the writes the proxy hands on one at a time per object)."""
@@ -178,7 +193,7 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
         def handle_expect_100(self) -> bool:
             """The go-ahead a client waits for before its body: a round trip away."""
             traffic.asked_ahead()
-            time.sleep(traffic.latency_s)
+            time.sleep(traffic.added_latency_s())
             return super().handle_expect_100()
 
         def _serve(self) -> None:
@@ -188,8 +203,8 @@ def _handler(upstream: tuple[str, int], traffic: Traffic, guard: Guard) -> type[
             traffic.paths[f"{self.command} {self.path.split('?')[0]}"] += 1
             traffic.bytes_up += len(body or b"")
             with traffic.serving():
-                if traffic.latency_s:
-                    time.sleep(traffic.latency_s)
+                if latency_s := traffic.added_latency_s():
+                    time.sleep(latency_s)
                 status, headers, data = guard(
                     self.command, self.path, dict(self.headers.items()), body, forward
                 )
@@ -234,6 +249,101 @@ def proxied(port: int, traffic: Traffic, guard: Guard = _forward_as_is) -> Itera
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+class SharedCounts:
+    """The requests and bytes each way through a proxy in another process
+    (:func:`proxied_apart`), and the latency it adds, in memory both processes share:
+    the proxy's threads then take no turns at this process's GIL."""
+
+    _REQUESTS, _UP, _DOWN, _LATENCY_NS = range(4)
+
+    def __init__(self, context: Any) -> None:
+        self.cells = context.RawArray("q", 4)
+        self.lock = context.Lock()
+        self._since = [0, 0, 0]  # requests, bytes up, bytes down at the last reset
+
+    @property
+    def requests(self) -> int:
+        return int(self.cells[self._REQUESTS]) - self._since[0]
+
+    @property
+    def bytes_up(self) -> int:
+        return int(self.cells[self._UP]) - self._since[1]
+
+    @property
+    def bytes_down(self) -> int:
+        return int(self.cells[self._DOWN]) - self._since[2]
+
+    @property
+    def latency_s(self) -> float:
+        return int(self.cells[self._LATENCY_NS]) / 1e9
+
+    @latency_s.setter
+    def latency_s(self, seconds: float) -> None:
+        self.cells[self._LATENCY_NS] = round(seconds * 1e9)
+
+    def reset(self) -> None:
+        with self.lock:
+            self._since = [int(self.cells[n]) for n in (self._REQUESTS, self._UP, self._DOWN)]
+
+
+class _LatencyShared(Traffic):
+    """A proxy's traffic whose latency another process sets (:class:`SharedCounts`)."""
+
+    def __init__(self, cells: Any) -> None:
+        super().__init__()
+        self._cells = cells
+
+    def added_latency_s(self) -> float:
+        return int(self._cells[SharedCounts._LATENCY_NS]) / 1e9
+
+
+def _serve_apart(port: int, cells: Any, lock: Any, parent: multiprocessing.connection.Connection) -> None:
+    """A proxy process's life: serve until the parent says so or goes away."""
+
+    def counted(
+        method: str, path: str, headers: dict[str, str], body: bytes | None, forward: Forward
+    ) -> Answer:
+        answer = forward(method, path, headers, body)
+        with lock:  # (counted before the client has its answer)
+            cells[SharedCounts._REQUESTS] += 1
+            cells[SharedCounts._UP] += len(body or b"")
+            cells[SharedCounts._DOWN] += len(answer[2])
+        return answer
+
+    with proxied(port, _LatencyShared(cells), counted) as url:
+        parent.send(url)
+        with suppress(EOFError):
+            parent.recv()
+
+
+@contextmanager
+def proxied_apart(port: int, timeout_s: float = 60.0) -> Iterator[tuple[str, SharedCounts]]:
+    """A counting proxy on 127.0.0.1 in front of the server at ``port``, in a process of
+    its own: its URL and counts. For benchmarks: a proxy in the client's process
+    takes turns at the GIL with a Python client (s3fs, zarr), and not with one that
+    runs without it (tensorstore); a real object store is in no client's process.
+    No guards. It ends when the block is left (killed by its PID if it lingers)."""
+    context = multiprocessing.get_context("spawn")
+    counts = SharedCounts(context)
+    ours, theirs = context.Pipe()
+    child = context.Process(
+        target=_serve_apart, args=(port, counts.cells, counts.lock, theirs), daemon=True, name="proxy"
+    )
+    child.start()
+    theirs.close()
+    try:
+        if not ours.poll(timeout_s):
+            raise RuntimeError(f"the proxy process did not start listening within {timeout_s} s")
+        url: str = ours.recv()
+        yield url, counts
+    finally:
+        ours.close()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
 
 
 @contextmanager

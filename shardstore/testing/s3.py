@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from shardstore.testing.proxy import Traffic, proxied, server_process
+from shardstore.testing.proxy import SharedCounts, Traffic, proxied, proxied_apart, server_process
 
-__all__ = ["MOTO_SERVER", "LocalS3", "local_s3"]
+__all__ = ["MOTO_SERVER", "ApartS3", "LocalS3", "S3Address", "apart_s3", "local_s3"]
 
 
 MOTO_SERVER = [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1"]
@@ -25,8 +25,8 @@ MOTO_SERVER = [sys.executable, "-c", "from moto.server import main; main()", "-H
 
 
 @dataclass
-class LocalS3(Traffic):
-    """A moto S3 server on 127.0.0.1 with a bucket, and its request counts."""
+class S3Address:
+    """Where a local S3 API answers, and the options that reach it."""
 
     endpoint_url: str = ""
     bucket: str = "shardstore"
@@ -43,15 +43,73 @@ class LocalS3(Traffic):
         return f"s3://{self.bucket}/{path}"
 
 
+@dataclass
+class LocalS3(Traffic, S3Address):
+    """A moto S3 server on 127.0.0.1 with a bucket, and its request counts."""
+
+
+@dataclass
+class ApartS3(S3Address):
+    """A moto S3 server on 127.0.0.1 with a bucket, behind a proxy in a process of its
+    own (:func:`~shardstore.testing.proxy.proxied_apart`), and its request counts."""
+
+    counts: SharedCounts | None = None
+
+    @property
+    def _counts(self) -> SharedCounts:
+        assert self.counts is not None
+        return self.counts
+
+    @property
+    def requests(self) -> int:
+        return self._counts.requests
+
+    @property
+    def bytes_up(self) -> int:
+        return self._counts.bytes_up
+
+    @property
+    def bytes_down(self) -> int:
+        return self._counts.bytes_down
+
+    @property
+    def latency_s(self) -> float:
+        return self._counts.latency_s
+
+    @latency_s.setter
+    def latency_s(self, seconds: float) -> None:
+        self._counts.latency_s = seconds
+
+    def reset(self) -> None:
+        self._counts.reset()
+
+
+@contextmanager
+def _moto(bucket: str) -> Iterator[int]:
+    """moto_server on 127.0.0.1 with ``bucket`` made: its port."""
+    with server_process(lambda port: [*MOTO_SERVER, "-p", str(port)], "moto_server", timeout_s=30) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("PUT", f"/{bucket}")
+        conn.getresponse().read()
+        yield port
+
+
 @contextmanager
 def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[LocalS3]:
     """Start moto_server and a counting proxy on 127.0.0.1; stop both on exit."""
-    with server_process(lambda port: [*MOTO_SERVER, "-p", str(port)], "moto_server", timeout_s=30) as port:
+    with _moto(bucket) as port:
         s3 = LocalS3(bucket=bucket)
         with proxied(port, s3) as url:
             s3.endpoint_url = url
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("PUT", f"/{bucket}")
-            conn.getresponse().read()
             s3.latency_s = latency_s
             yield s3
+
+
+@contextmanager
+def apart_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[ApartS3]:
+    """:func:`local_s3` with the proxy in a process of its own (for benchmarks: see
+    :func:`~shardstore.testing.proxy.proxied_apart`)."""
+    with _moto(bucket) as port, proxied_apart(port) as (url, counts):
+        s3 = ApartS3(url, bucket, counts)
+        s3.latency_s = latency_s
+        yield s3
