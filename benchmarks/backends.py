@@ -38,7 +38,7 @@ import zarr
 from shardstore import ShardingStore
 from shardstore.inner import ObstoreInner
 from shardstore.inner.obstore import _open
-from shardstore.testing.s3 import LocalS3, local_s3
+from shardstore.testing.s3 import ApartS3, apart_s3
 
 CHUNKS = (64, 64)
 CPS = (8, 8)
@@ -56,7 +56,7 @@ class Result:
 class Backend:
     """Opens ShardingStores over one S3 path through one client library."""
 
-    def __init__(self, name: str, s3: LocalS3, path: str) -> None:
+    def __init__(self, name: str, s3: ApartS3, path: str) -> None:
         self.name, self.s3, self.url = name, s3, s3.url(path)
 
     def store(self, new_client: bool = False) -> ShardingStore:
@@ -71,7 +71,7 @@ class Backend:
 
 
 def _timed(
-    s3: LocalS3, fn: Callable[[], None], ops: int, repeats: int, setup: Callable[[], None] | None = None
+    s3: ApartS3, fn: Callable[[], None], ops: int, repeats: int, setup: Callable[[], None] | None = None
 ) -> Result:
     """Best time of ``repeats`` runs (each after ``setup``, untimed and uncounted);
     requests and bytes of the last (they are exact)."""
@@ -173,7 +173,7 @@ def main() -> None:
         f"# backend benchmark: {side}x{side} float32, chunks {CHUNKS}, chunks_per_shard {CPS}, zstd; "
         f"s3fs {s3fs.__version__}, obstore {obstore.__version__}, zarr {zarr.__version__}"
     )
-    with local_s3(latency_s=args.latency_ms / 1000) as s3:
+    with apart_s3(latency_s=args.latency_ms / 1000) as s3:
         results: dict[str, dict[str, Result]] = {}
         for name in ("s3fs", "obstore"):
             results[name] = measure(Backend(name, s3, f"{name}.zarr"), data, picks, updates, args.repeats)

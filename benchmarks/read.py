@@ -42,7 +42,7 @@ from zarr.storage import FsspecStore, LocalStore, MemoryStore
 from shardstore import ShardingStore
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner, CountingStore
-from shardstore.testing.s3 import LocalS3, local_s3
+from shardstore.testing.s3 import ApartS3, apart_s3
 
 CHUNKS = (64, 64)
 CPS = (8, 8)
@@ -65,7 +65,7 @@ class Reader:
         return zarr.open_array(self.open_store(), path="a", mode="r")
 
 
-def _write_copies(root: str, s3: LocalS3 | None, data: np.ndarray, compressors: Any) -> dict[str, Any]:
+def _write_copies(root: str, s3: ApartS3 | None, data: np.ndarray, compressors: Any) -> dict[str, Any]:
     """Write unsharded, codec and ShardingStore copies; return how to open each."""
     stores: dict[str, Any] = {}
     for layout in ("unsharded", "codec", "shardstore"):
@@ -111,7 +111,7 @@ def _in_memory(root: str) -> dict[str, Buffer]:
     return out
 
 
-def _readers(copies: dict[str, Any], s3: LocalS3 | None) -> list[Reader]:
+def _readers(copies: dict[str, Any], s3: ApartS3 | None) -> list[Reader]:
     if s3 is not None:
         so = s3.storage_options
 
@@ -159,7 +159,7 @@ def _readers(copies: dict[str, Any], s3: LocalS3 | None) -> list[Reader]:
 
 
 def _measure(
-    reader: Reader, data: np.ndarray, picks: list[tuple[int, int]], s3: LocalS3 | None
+    reader: Reader, data: np.ndarray, picks: list[tuple[int, int]], s3: ApartS3 | None
 ) -> dict[str, tuple[float, float]]:
     """scenario -> (seconds, requests per operation)."""
     out: dict[str, tuple[float, float]] = {}
@@ -202,7 +202,7 @@ def _measure(
 
 
 def _tensorstore(
-    kvstore: dict[str, Any], data: np.ndarray, picks: list[tuple[int, int]], s3: LocalS3 | None
+    kvstore: dict[str, Any], data: np.ndarray, picks: list[tuple[int, int]], s3: ApartS3 | None
 ) -> dict[str, tuple[float, float]]:
     """The same scenarios through tensorstore's zarr3 driver (its cache pool on for
     the warm reads, as the warm scenario is about caches)."""
@@ -297,7 +297,7 @@ def main() -> None:
         # tensorstore takes S3 credentials from the environment
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        with local_s3() as s3:
+        with apart_s3() as s3:
             for compressor, compressors in (("zstd", "auto"), ("none", None)):
                 copies = _write_copies(compressor, s3, data, compressors)
                 s3.latency_s = args.latency_ms / 1000
