@@ -251,6 +251,11 @@ def proxied(port: int, traffic: Traffic, guard: Guard = _forward_as_is) -> Itera
         proxy.server_close()
 
 
+_SPAWN = multiprocessing.get_context("spawn")
+"""How the proxy's process starts (not forked from a process with threads), and its
+shared memory is made."""
+
+
 class SharedCounts:
     """The requests and bytes each way through a proxy in another process
     (:func:`proxied_apart`), and the latency it adds, in memory both processes share:
@@ -258,9 +263,9 @@ class SharedCounts:
 
     _REQUESTS, _UP, _DOWN, _LATENCY_NS = range(4)
 
-    def __init__(self, context: Any) -> None:
-        self.cells = context.RawArray("q", 4)
-        self.lock = context.Lock()
+    def __init__(self) -> None:
+        self.cells = _SPAWN.RawArray("q", 4)
+        self.lock = _SPAWN.Lock()
         self._since = [0, 0, 0]  # requests, bytes up, bytes down at the last reset
 
     @property
@@ -319,16 +324,14 @@ def _serve_apart(port: int, cells: Any, lock: Any, parent: multiprocessing.conne
 
 
 @contextmanager
-def proxied_apart(port: int, timeout_s: float = 60.0) -> Iterator[tuple[str, SharedCounts]]:
-    """A counting proxy on 127.0.0.1 in front of the server at ``port``, in a process of
-    its own: its URL and counts. For benchmarks: a proxy in the client's process
+def proxied_apart(port: int, counts: SharedCounts, timeout_s: float = 60.0) -> Iterator[str]:
+    """A proxy on 127.0.0.1 in front of the server at ``port``, counting into ``counts``,
+    in a process of its own: its URL. For benchmarks: a proxy in the client's process
     takes turns at the GIL with a Python client (s3fs, zarr), and not with one that
     runs without it (tensorstore); a real object store is in no client's process.
     No guards. It ends when the block is left (killed by its PID if it lingers)."""
-    context = multiprocessing.get_context("spawn")
-    counts = SharedCounts(context)
-    ours, theirs = context.Pipe()
-    child = context.Process(
+    ours, theirs = _SPAWN.Pipe()
+    child = _SPAWN.Process(
         target=_serve_apart, args=(port, counts.cells, counts.lock, theirs), daemon=True, name="proxy"
     )
     child.start()
@@ -337,7 +340,7 @@ def proxied_apart(port: int, timeout_s: float = 60.0) -> Iterator[tuple[str, Sha
         if not ours.poll(timeout_s):
             raise RuntimeError(f"the proxy process did not start listening within {timeout_s} s")
         url: str = ours.recv()
-        yield url, counts
+        yield url
     finally:
         ours.close()
         child.join(5)

@@ -49,39 +49,12 @@ class LocalS3(Traffic, S3Address):
 
 
 @dataclass
-class ApartS3(S3Address):
+class ApartS3(S3Address, SharedCounts):
     """A moto S3 server on 127.0.0.1 with a bucket, behind a proxy in a process of its
     own (:func:`~shardstore.testing.proxy.proxied_apart`), and its request counts."""
 
-    counts: SharedCounts | None = None
-
-    @property
-    def _counts(self) -> SharedCounts:
-        assert self.counts is not None
-        return self.counts
-
-    @property
-    def requests(self) -> int:
-        return self._counts.requests
-
-    @property
-    def bytes_up(self) -> int:
-        return self._counts.bytes_up
-
-    @property
-    def bytes_down(self) -> int:
-        return self._counts.bytes_down
-
-    @property
-    def latency_s(self) -> float:
-        return self._counts.latency_s
-
-    @latency_s.setter
-    def latency_s(self, seconds: float) -> None:
-        self._counts.latency_s = seconds
-
-    def reset(self) -> None:
-        self._counts.reset()
+    def __post_init__(self) -> None:
+        SharedCounts.__init__(self)
 
 
 @contextmanager
@@ -109,7 +82,9 @@ def local_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[Loc
 def apart_s3(bucket: str = "shardstore", latency_s: float = 0.0) -> Iterator[ApartS3]:
     """:func:`local_s3` with the proxy in a process of its own (for benchmarks: see
     :func:`~shardstore.testing.proxy.proxied_apart`)."""
-    with _moto(bucket) as port, proxied_apart(port) as (url, counts):
-        s3 = ApartS3(url, bucket, counts)
-        s3.latency_s = latency_s
-        yield s3
+    with _moto(bucket) as port:
+        s3 = ApartS3(bucket=bucket)
+        with proxied_apart(port, s3) as url:
+            s3.endpoint_url = url
+            s3.latency_s = latency_s
+            yield s3
