@@ -93,10 +93,15 @@ def dask_threads_per_worker() -> int:
 
 
 @pytest.fixture(scope="module")
-def client(dask_threads_per_worker: int) -> Iterator[Any]:
-    """A dask.distributed client of a LocalCluster of two worker processes, per test module."""
+def client(dask_threads_per_worker: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A dask.distributed client of a LocalCluster of two worker processes, per test
+    module; the scheduler's and workers' scratch space in pytest's temporary directory,
+    not the system's."""
     distributed = pytest.importorskip("distributed")
+    import dask
+
     with (
+        dask.config.set({"temporary-directory": str(tmp_path_factory.mktemp("dask"))}),
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=dask_threads_per_worker, processes=True, dashboard_address=":0"
         ) as cluster,
