@@ -282,11 +282,16 @@ class SharedCounts:
 
     @property
     def latency_s(self) -> float:
-        return int(self.cells[self._LATENCY_NS]) / 1e9
+        return self.latency_in(self.cells)
 
     @latency_s.setter
     def latency_s(self, seconds: float) -> None:
         self.cells[self._LATENCY_NS] = round(seconds * 1e9)
+
+    @staticmethod
+    def latency_in(cells: Any) -> float:
+        """The latency set in ``cells`` (the proxy's process reads it there)."""
+        return int(cells[SharedCounts._LATENCY_NS]) / 1e9
 
     def reset(self) -> None:
         with self.lock:
@@ -301,7 +306,7 @@ class _LatencyShared(Traffic):
         self._cells = cells
 
     def added_latency_s(self) -> float:
-        return int(self._cells[SharedCounts._LATENCY_NS]) / 1e9
+        return SharedCounts.latency_in(self._cells)
 
 
 def _serve_apart(port: int, cells: Any, lock: Any, parent: multiprocessing.connection.Connection) -> None:
