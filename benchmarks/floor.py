@@ -64,8 +64,9 @@ with the same options as the s3fs the URL gets: what the client library costs).
 
 Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; the median of --repeats: default 3 locally, 1 on S3, 1 with
---quick; locally each after a sync(), so that no variant is throttled by the
-writeback of the pages others wrote), the best of them, the median's ratios to
+--quick; each after a full garbage collection, so that no variant pays for the
+garbage the setup and checks before it left, and locally after a sync(), so that
+no variant is throttled by the writeback of the pages others wrote), the best of them, the median's ratios to
 the codec's, zarrs' and tensorstore's medians, requests, MiB read and MiB written per operation (from the last
 repeat), "peak MiB" (the most the process's resident memory grew during the
 operation, sampled every 2 ms in one more, untimed repeat; it includes the
@@ -88,6 +89,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import itertools
 import json
 import math
@@ -677,6 +679,9 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
             for _ in range(repeats):
                 timed = setup(job, v, workload)
                 job.b.settle()
+                # (a full collection here took 75-105 ms, botocore's service models the
+                # most of it: one that fell inside a Python client's S3 write doubled it)
+                gc.collect()
                 meter = job.b.meter(v, timed.path)
                 before = meter() if meter else None
                 t0 = time.perf_counter()
