@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BatchCommitError",
+    "ChunkDecodeError",
     "ChunkKeyError",
     "ConcurrentWriterWarning",
     "InnerStoreError",
@@ -38,6 +39,13 @@ class ShardingConfigError(ShardStoreError, ValueError):
 
 class ShardFormatError(ShardStoreError, ValueError):
     """A shard object is corrupt or truncated: its index cannot be trusted."""
+
+
+class ChunkDecodeError(ShardFormatError):
+    """A chunk's stored bytes do not decode through its array's codecs, though the
+    shard's index that locates them is sound (bytes altered in place, or written by
+    another codec chain). It names the chunk; the codecs' own error is its
+    ``__cause__``."""
 
 
 class ChunkKeyError(ShardStoreError, KeyError):

@@ -69,7 +69,7 @@ from shardstore.chunk_work import (
     scatter_shards,
 )
 from shardstore.default_pipeline import PIPELINE_PATH, become_default
-from shardstore.errors import ShardingConfigError
+from shardstore.errors import ChunkDecodeError, ShardingConfigError, ShardStoreError
 from shardstore.internals import StoreInternals
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.reading.reader import EachShard
@@ -203,7 +203,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             items = [(held[n], *chunks[n][1:]) for n in group]
             got: Sequence[Any] | None
             if codec is None:
-                got = await self.read_batch(items, out, drop_axes)
+                got = await _named(lambda part: self.read_batch(part, out, drop_axes), items)
             else:  # decoded straight into the output, by a thread per core
                 reports: list[Any] = [None] * len(items)
                 failed: list[int] = []
@@ -212,7 +212,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
-                    redone = await self.read_batch([items[k] for k in failed], out, drop_axes)
+                    redone = await _named(
+                        lambda part: self.read_batch(part, out, drop_axes), [items[k] for k in failed]
+                    )
                     for k, result in zip(failed, redone or (), strict=False):
                         reports[k] = result
                 got = reports
@@ -279,7 +281,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
         if failed:  # zarr's codecs decode them, or say what is wrong
-            redone = await self.read_batch(_held_items(chunks, failed), out, drop_axes)
+            redone = await _named(
+                lambda part: self.read_batch(part, out, drop_axes), _held_items(chunks, failed)
+            )
             for (n, _), result in zip(failed, redone or (), strict=False):
                 results[n] = result
         return tuple(results) if REPORTS else None
@@ -323,7 +327,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
-                await self.write_batch(items, value, drop_axes)  # zarr's codecs, or what they say
+                # zarr's codecs, or what they say
+                await _named(lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
             else:
                 for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
@@ -372,7 +377,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             )
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
-                await self.write_batch(items, value, drop_axes)
+                await _named(lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
                 where = {
                     n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
                 }
@@ -576,6 +581,37 @@ def _boxes(
         return None
     shape = tuple(chunks[0][1].shape)
     return shard_boxes(starts, routed.places, routed.shard_of, len(routed.shards), routed.block, shape)
+
+
+async def _named(run: Callable[[list[Any]], Awaitable[R]], items: list[Any], *, writing: bool = False) -> R:
+    """``run`` (zarr's codecs) over chunks ``items`` held with their stored bytes (see
+    :class:`_Held`). Where the codecs refuse a chunk's bytes on its own, their error
+    (which names no chunk: numcodecs' zstd says only "invalid input data") becomes
+    the cause of a ChunkDecodeError naming it. A read decodes every chunk stored; a
+    write (``writing``) those it covers in part. Other failures are raised as they are."""
+    try:
+        return await run(items)
+    except ShardStoreError:
+        raise
+    except Exception as exc:
+        failure = exc
+    decoded = [item for item in items if item[0].value is not None and not (writing and item[4])]
+    culprit = (decoded[0], failure) if len(items) == 1 and decoded else None
+    for item in decoded if len(items) > 1 else ():
+        try:
+            await run([item])
+        except ShardStoreError:
+            raise
+        except Exception as exc:
+            culprit = (item, exc)
+            break
+    if culprit is None:
+        raise failure
+    item, cause = culprit
+    needed = ", and a write of part of the chunk needs the rest of its values" if writing else ""
+    raise ChunkDecodeError(
+        f"chunk {item[0].path!r}: its stored bytes do not decode{needed}: {type(cause).__name__}: {cause}"
+    ) from cause
 
 
 def _held_items(chunks: Sequence[ChunkInfo], stored: list[tuple[int, bytes | None]]) -> list[tuple[Any, ...]]:

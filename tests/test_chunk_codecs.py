@@ -1,6 +1,6 @@
 """The direct codec path: every chain it runs reads and writes what zarr's own codecs
 would (the bytes it writes decode through zarr without shardstore's pipeline), and a
-damaged chunk fails as it does through zarr's codecs."""
+damaged chunk raises a ChunkDecodeError naming it, what zarr's codecs raise its cause."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Transpos
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
 
-from shardstore import PIPELINE_PATH, ShardingStore
+from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore
 from shardstore.chunk_codecs import chunk_codec
 
 from .helpers import sample
@@ -87,26 +87,50 @@ def test_v2_arrays_read_and_write_as_zarrs_codecs_do(tmp_path: Path, order: str,
         ([ZstdCodec(), Crc32cCodec()], np.s_[:]),
         ([ZstdCodec()], np.s_[:]),  # whole shards: their chunks decode together
         ([ZstdCodec()], np.s_[4:8, :]),  # a row of chunks: each shard's decode together
+        ([Crc32cCodec(), ZstdCodec()], np.s_[:]),  # a chain zarr's codecs run for shardstore
     ],
-    ids=["zstd-crc32c", "zstd-whole-shards", "zstd-part-of-shards"],
+    ids=["zstd-crc32c", "zstd-whole-shards", "zstd-part-of-shards", "zarrs-codecs"],
 )
-def test_a_damaged_chunk_fails_as_through_zarrs_codecs(
+def test_a_damaged_chunk_raises_an_error_naming_it_caused_by_zarrs_codecs_own(
     tmp_path: Path, compressors: list[Any], selection: Any
 ) -> None:
     ours, theirs = _pair(tmp_path, "a", "f4", compressors=compressors)
-    prototype = default_buffer_prototype()
     for arr in (ours, theirs):
         arr[:] = 1
-        stored = asyncio.run(arr.store.get("a/c/1/1", prototype))
-        damaged = bytearray(stored.to_bytes())
-        damaged[3] ^= 0xFF
-        asyncio.run(arr.store.set("a/c/1/1", prototype.buffer.from_bytes(bytes(damaged))))
-    errors = []
-    for arr in (ours, theirs):
-        with pytest.raises(Exception) as caught:
-            arr[selection]
-        errors.append((type(caught.value), str(caught.value)))
-    assert errors[0] == errors[1]
+        _damage(arr, "a/c/1/1")
+    with pytest.raises(Exception) as zarrs:
+        theirs[selection]
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'a/c/1/1': its stored bytes do not decode") as caught:
+        ours[selection]
+    assert isinstance(caught.value, ShardFormatError)
+    cause = caught.value.__cause__
+    assert (type(cause), str(cause)) == (type(zarrs.value), str(zarrs.value))
+    np.testing.assert_array_equal(ours[:4, :5], 1)  # the other chunks read on
+
+
+def test_a_write_of_part_of_a_damaged_chunk_raises_an_error_naming_it_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    ours, _ = _pair(tmp_path, "a", "f4")
+    ours[:] = 1
+    _damage(ours, "a/c/1/1")
+    shard = tmp_path / PIPELINE_PATH / "a" / "c" / "0" / "0"
+    before = shard.read_bytes()
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'a/c/1/1': .*a write of part of the chunk") as caught:
+        ours[4:6, 5:7] = 2  # part of chunk (1, 1): merged with its stored values
+    assert caught.value.__cause__ is not None
+    assert shard.read_bytes() == before
+    ours[4:8, 5:10] = 3  # the whole chunk: its old bytes are not needed
+    np.testing.assert_array_equal(ours[4:8, 5:10], 3)
+
+
+def _damage(arr: Any, key: str) -> None:
+    """A byte of chunk ``key``'s stored bytes flipped, its shard's index kept sound."""
+    prototype = default_buffer_prototype()
+    stored = asyncio.run(arr.store.get(key, prototype))
+    damaged = bytearray(stored.to_bytes())
+    damaged[3] ^= 0xFF
+    asyncio.run(arr.store.set(key, prototype.buffer.from_bytes(bytes(damaged))))
 
 
 @pytest.mark.parametrize(

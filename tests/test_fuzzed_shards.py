@@ -10,6 +10,7 @@ chunk range ending inside the index served from memory stores.
 from __future__ import annotations
 
 import errno
+import re
 import struct
 import time
 import tracemalloc
@@ -32,7 +33,13 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore
 
 from shardstore import ShardingStore
-from shardstore.errors import InnerStoreError, ShardConflictError, ShardFormatError, ShardStoreError
+from shardstore.errors import (
+    ChunkDecodeError,
+    InnerStoreError,
+    ShardConflictError,
+    ShardFormatError,
+    ShardStoreError,
+)
 from shardstore.formats.indexed import MISSING, IndexedFormat
 from shardstore.inner import adapt
 
@@ -57,8 +64,9 @@ from .fault_cases import CHUNK, SHAPE, chunk_at
 #     "undecodable" if not (altered bytes).
 # A read touching a bad, past or blind chunk must raise ShardFormatError naming the
 # shard (blind ones: but see SIZE_BLIND); ShardFormatError is accepted for any read of
-# a shard with any problem. A codec's (zarr's) error is accepted only for a read
-# touching an undecodable or odd chunk; a read touching several chunks may raise the
+# a shard with any problem. A codec's (zarr's) error, bare or as the cause of a
+# ChunkDecodeError naming the chunk, is accepted only for a read touching an
+# undecodable or odd chunk; a read touching several chunks may raise the
 # error of any one of them (zarr raises the first chunk error it sees). Byte-range
 # reads of a chunk's own bytes (no codec) must return exactly those bytes, None for an
 # absent chunk, or ShardFormatError. Never acceptable: MemoryError, OverflowError,
@@ -229,7 +237,11 @@ def _judge(
     if isinstance(outcome, BaseException):
         why = _forbidden(outcome)
         assert why is None, f"{what}: {why}: {outcome!r}"
-        if isinstance(outcome, ShardFormatError):
+        if isinstance(outcome, ChunkDecodeError):  # a codec's error, as its cause, naming the chunk
+            assert re.search(r"chunk 'a/c/\d+/\d+'", str(outcome)), outcome
+            outcome = outcome.__cause__
+            assert outcome is not None
+        elif isinstance(outcome, ShardFormatError):
             assert model.broken, f"{what}: {outcome!r} for a sound shard {model.status}"
             assert FUZZ_KEY in str(outcome), outcome
             return False

@@ -20,7 +20,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 import shardstore.pipeline
 import shardstore.shard_buffers
-from shardstore import PIPELINE_PATH, ShardAwarePipeline, ShardingStore
+from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardAwarePipeline, ShardingStore
 from shardstore.formats.indexed import IndexedFormat
 from shardstore.inner import LocalInner
 from shardstore.instrument import CountingInner
@@ -184,11 +184,12 @@ def test_chunks_of_shards_whose_indices_are_known_are_read_by_ranges(tmp_path: P
         ("zstd", "a whole frame after"),
     ],
 )
-def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(
+def test_a_damaged_chunk_in_a_whole_shard_fails_naming_it_as_zarrs_codecs_fail(
     tmp_path: Path, layout: str, damage: str
 ) -> None:
     """Also where the chunk's bytes are a whole frame and more, which a stream of the
-    shard's frames, or a call that decodes a frame, would take without a word."""
+    shard's frames, or a call that decodes a frame, would take without a word. Through
+    shardstore's pipeline the error names the chunk; zarr's codecs' error is its cause."""
     errors = []
     for pipeline in (ZARR_PIPELINE, PIPELINE_PATH):
         arr = _array(tmp_path, layout, pipeline)
@@ -210,8 +211,9 @@ def test_a_damaged_chunk_in_a_whole_shard_fails_as_through_zarrs_codecs(
             with pytest.raises(Exception) as caught:
                 zarr.open_array(ShardingStore(str(tmp_path / pipeline)), path="a")[:]
             errors.append(caught.value)
-    assert type(errors[0]) is type(errors[1])
-    assert str(errors[0]) == str(errors[1])
+    theirs, ours = errors
+    assert isinstance(ours, ChunkDecodeError) and "chunk 'a/c/3/4'" in str(ours)  # (place 4 of shard 1/1)
+    assert (type(ours.__cause__), str(ours.__cause__)) == (type(theirs), str(theirs))
 
 
 def test_a_commit_that_outlives_its_cancelled_write_keeps_what_was_written(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import zarr.api.asynchronous
 from zarr.core.buffer import default_buffer_prototype
 
-from shardstore.errors import InnerStoreError, ShardFormatError, ShardingConfigError
+from shardstore.errors import ChunkDecodeError, InnerStoreError, ShardFormatError, ShardingConfigError
 from shardstore.keys import join_path
 from shardstore.maintenance.common import VERIFY_BATCH, Progress, sizes_of
 from shardstore.maintenance.leftovers import owner
@@ -199,7 +199,8 @@ async def _decode_chunk(arr: Any, info: ArrayInfo, key: str, where: str) -> tupl
     except InnerStoreError:
         raise
     except Exception as exc:  # any codec's error is a finding about this chunk
-        return key, f"chunk{where} does not decode: {type(exc).__name__}: {exc}"
+        said = exc.__cause__ if isinstance(exc, ChunkDecodeError) and exc.__cause__ is not None else exc
+        return key, f"chunk{where} does not decode: {type(said).__name__}: {said}"
     return None
 
 
