@@ -38,14 +38,15 @@ class ShardingConfigError(ShardStoreError, ValueError):
 
 
 class ShardFormatError(ShardStoreError, ValueError):
-    """A shard object is corrupt or truncated: its index cannot be trusted."""
+    """A shard object is corrupt or truncated: its index cannot be trusted, or (a
+    :class:`ChunkDecodeError`) a chunk it locates does not decode."""
 
 
 class ChunkDecodeError(ShardFormatError):
-    """A chunk's stored bytes do not decode through its array's codecs, though the
-    shard's index that locates them is sound (bytes altered in place, or written by
-    another codec chain). It names the chunk; the codecs' own error is its
-    ``__cause__``."""
+    """A chunk's stored bytes do not decode through its array's codecs (bytes altered
+    in place, or written by another codec chain), though the shard's index that
+    locates them is sound (or the chunk is an object of its own, in an unsharded
+    array). It names the chunk; the codecs' own error is its ``__cause__``."""
 
 
 class ChunkKeyError(ShardStoreError, KeyError):

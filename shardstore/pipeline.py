@@ -203,7 +203,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             items = [(held[n], *chunks[n][1:]) for n in group]
             got: Sequence[Any] | None
             if codec is None:
-                got = await _named(lambda part: self.read_batch(part, out, drop_axes), items)
+                got = await _named(self, lambda part: self.read_batch(part, out, drop_axes), items)
             else:  # decoded straight into the output, by a thread per core
                 reports: list[Any] = [None] * len(items)
                 failed: list[int] = []
@@ -213,7 +213,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
                     redone = await _named(
-                        lambda part: self.read_batch(part, out, drop_axes), [items[k] for k in failed]
+                        self, lambda part: self.read_batch(part, out, drop_axes), [items[k] for k in failed]
                     )
                     for k, result in zip(failed, redone or (), strict=False):
                         reports[k] = result
@@ -282,7 +282,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
         if failed:  # zarr's codecs decode them, or say what is wrong
             redone = await _named(
-                lambda part: self.read_batch(part, out, drop_axes), _held_items(chunks, failed)
+                self, lambda part: self.read_batch(part, out, drop_axes), _held_items(chunks, failed)
             )
             for (n, _), result in zip(failed, redone or (), strict=False):
                 results[n] = result
@@ -328,7 +328,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
                 # zarr's codecs, or what they say
-                await _named(lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+                await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
             else:
                 for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
@@ -377,7 +377,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             )
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
-                await _named(lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+                await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
                 where = {
                     n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
                 }
@@ -583,35 +583,40 @@ def _boxes(
     return shard_boxes(starts, routed.places, routed.shard_of, len(routed.shards), routed.block, shape)
 
 
-async def _named(run: Callable[[list[Any]], Awaitable[R]], items: list[Any], *, writing: bool = False) -> R:
+async def _named(
+    pipeline: CodecPipeline,
+    run: Callable[[list[Any]], Awaitable[R]],
+    items: list[Any],
+    *,
+    writing: bool = False,
+) -> R:
     """``run`` (zarr's codecs) over chunks ``items`` held with their stored bytes (see
-    :class:`_Held`). Where the codecs refuse a chunk's bytes on its own, their error
-    (which names no chunk: numcodecs' zstd says only "invalid input data") becomes
-    the cause of a ChunkDecodeError naming it. A read decodes every chunk stored; a
-    write (``writing``) those it covers in part. Other failures are raised as they are."""
+    :class:`_Held`). Where it fails, the first of those chunks whose bytes zarr's codecs
+    (``pipeline.decode``) refuse on their own is named by a ChunkDecodeError, what they
+    raised its cause: that error names no chunk (numcodecs' zstd says only "invalid input
+    data"). A read decodes every chunk stored, a write (``writing``) those it covers in
+    part. Where every chunk decodes, the failure is no damage (a value that does not
+    encode, an ``out`` that cannot be written, memory): it is raised as it is."""
     try:
         return await run(items)
     except ShardStoreError:
         raise
     except Exception as exc:
         failure = exc
-    decoded = [item for item in items if item[0].value is not None and not (writing and item[4])]
-    culprit = (decoded[0], failure) if len(items) == 1 and decoded else None
-    for item in decoded if len(items) > 1 else ():
+    for item in items:
+        held, spec = item[0], item[1]
+        if held.value is None or (writing and item[4]):  # (4: covered whole, its old bytes unread)
+            continue
         try:
-            await run([item])
-        except ShardStoreError:
-            raise
-        except Exception as exc:
-            culprit = (item, exc)
+            await pipeline.decode([(held.value, spec)])
+        except MemoryError:  # (no finding about the bytes)
             break
-    if culprit is None:
-        raise failure
-    item, cause = culprit
-    needed = ", and a write of part of the chunk needs the rest of its values" if writing else ""
-    raise ChunkDecodeError(
-        f"chunk {item[0].path!r}: its stored bytes do not decode{needed}: {type(cause).__name__}: {cause}"
-    ) from cause
+        except Exception as exc:
+            needed = ", and a write of part of the chunk needs the rest of its values" if writing else ""
+            raise ChunkDecodeError(
+                f"chunk {held.path!r}: its stored bytes do not decode{needed}: {type(exc).__name__}: {exc}"
+            ) from exc
+    raise failure
 
 
 def _held_items(chunks: Sequence[ChunkInfo], stored: list[tuple[int, bytes | None]]) -> list[tuple[Any, ...]]:

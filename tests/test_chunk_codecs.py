@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.dtype import VariableLengthBytes
 
-from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore
+from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore, ShardStoreError
 from shardstore.chunk_codecs import chunk_codec
 
 from .helpers import sample
@@ -122,6 +124,29 @@ def test_a_write_of_part_of_a_damaged_chunk_raises_an_error_naming_it_and_change
     assert shard.read_bytes() == before
     ours[4:8, 5:10] = 3  # the whole chunk: its old bytes are not needed
     np.testing.assert_array_equal(ours[4:8, 5:10], 3)
+
+
+def test_a_failure_of_sound_chunks_is_raised_as_it_is_not_as_damage(tmp_path: Path) -> None:
+    """Only bytes zarr's codecs refuse are named as damage: a read into memory that cannot
+    be written, or a value that does not encode, fails as through zarr's own pipeline."""
+    ours, _ = _pair(tmp_path, "a", "f4")
+    ours[:] = 1
+    target = np.zeros((4, 5), dtype="f4")
+    target.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only") as read:
+        ours.get_basic_selection(np.s_[4:8, 5:10], out=NDBuffer.from_numpy_array(target))
+    strings = zarr.create_array(
+        ShardingStore(str(tmp_path / "s"), (2, 2)),
+        name="b",
+        shape=(8, 10),
+        chunks=(4, 5),
+        dtype=VariableLengthBytes(),
+    )
+    strings[:] = np.full((8, 10), b"ab", dtype=object)
+    with pytest.raises(TypeError) as written:  # chunks covered in part: their values merged
+        strings[1:7, 1:9] = "text"
+    assert not isinstance(read.value, ShardStoreError) and not isinstance(written.value, ShardStoreError)
+    np.testing.assert_array_equal(strings[:], np.full((8, 10), b"ab", dtype=object))
 
 
 def _damage(arr: Any, key: str) -> None:
