@@ -66,12 +66,12 @@ Columns: seconds (per read for cold/warm chunk, per update for 1-chunk update,
 else per operation; the median of --repeats: default 3 locally, 1 on S3, 1 with
 --quick; each after a full garbage collection, so that no variant pays for the
 garbage the setup and checks before it left, and locally after a sync(), so that
-no variant is throttled by the writeback of the pages others wrote), the best of them, the median's ratios to
-the codec's, zarrs' and tensorstore's medians, requests, MiB read and MiB written per operation (from the last
-repeat), "peak MiB" (the most the process's resident memory grew during the
-operation, sampled every 2 ms in one more, untimed repeat; it includes the
-array a read returns), and on S3 with
-latency the time in round trips (seconds / latency). Local counts come from
+no variant is throttled by the writeback of the pages others wrote), the best of
+them, the median's ratios to the codec's, zarrs' and tensorstore's medians,
+requests, MiB read and MiB written per operation (from the last repeat), "peak
+MiB" (the most the process's resident memory grew during the operation, sampled
+every 2 ms in one more, untimed repeat; it includes the array a read returns),
+and on S3 with latency the time in round trips (seconds / latency). Local counts come from
 wrappers: CountingStore around zarr's LocalStore, CountingInner around
 ShardingStore's inner store (shardstore.instrument), and tensorstore's own
 /tensorstore/kvstore/file/ metrics ("-" if unavailable). On S3 the proxy counts
@@ -679,8 +679,8 @@ def measure(job: Job, v: Variant, workload: str, repeats: int) -> Cell:
             for _ in range(repeats):
                 timed = setup(job, v, workload)
                 job.b.settle()
-                # (a full collection here took 75-105 ms, botocore's service models the
-                # most of it: one that fell inside a Python client's S3 write doubled it)
+                # (a full collection took 73-106 ms here, botocore's service models among
+                # what it walks: one set off inside a Python client's S3 write doubled it)
                 gc.collect()
                 meter = job.b.meter(v, timed.path)
                 before = meter() if meter else None

@@ -170,6 +170,14 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         )
         return dataclasses.replace(evolved, fallback=other)
 
+    async def _read_by_zarr(self, items: list[Any], out: NDBuffer, drop_axes: tuple[int, ...]) -> Any:
+        """zarr's codecs decode chunks held with their bytes into ``out`` (see :func:`_named`)."""
+        return await _named(self, lambda part: self.read_batch(part, out, drop_axes), items)
+
+    async def _write_by_zarr(self, items: list[Any], value: NDBuffer, drop_axes: tuple[int, ...]) -> None:
+        """zarr's codecs merge and encode chunks held with their bytes (see :func:`_named`)."""
+        await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+
     def _other_store_pipeline(self, chunks: Sequence[ChunkInfo]) -> CodecPipeline | None:
         """The fallback, for a selection of an array outside any ShardingStore."""
         if self.fallback is None or not chunks or _in_sharding_store(chunks):
@@ -203,7 +211,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             items = [(held[n], *chunks[n][1:]) for n in group]
             got: Sequence[Any] | None
             if codec is None:
-                got = await _named(self, lambda part: self.read_batch(part, out, drop_axes), items)
+                got = await self._read_by_zarr(items, out, drop_axes)
             else:  # decoded straight into the output, by a thread per core
                 reports: list[Any] = [None] * len(items)
                 failed: list[int] = []
@@ -212,9 +220,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
-                    redone = await _named(
-                        self, lambda part: self.read_batch(part, out, drop_axes), [items[k] for k in failed]
-                    )
+                    redone = await self._read_by_zarr([items[k] for k in failed], out, drop_axes)
                     for k, result in zip(failed, redone or (), strict=False):
                         reports[k] = result
                 got = reports
@@ -281,9 +287,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
         if failed:  # zarr's codecs decode them, or say what is wrong
-            redone = await _named(
-                self, lambda part: self.read_batch(part, out, drop_axes), _held_items(chunks, failed)
-            )
+            redone = await self._read_by_zarr(_held_items(chunks, failed), out, drop_axes)
             for (n, _), result in zip(failed, redone or (), strict=False):
                 results[n] = result
         return tuple(results) if REPORTS else None
@@ -327,8 +331,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
-                # zarr's codecs, or what they say
-                await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+                await self._write_by_zarr(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
                 for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
@@ -377,7 +380,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             )
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
-                await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+                await self._write_by_zarr(items, value, drop_axes)
                 where = {
                     n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
                 }
