@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shardstore import tasks
 from shardstore.tasks import at_work, gather, in_flight, settle, spawn
@@ -218,6 +220,31 @@ def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
     assert done[-1] == 0 and sorted(done) == [0, 1, 2, 3]
 
 
+@given(n=st.integers(0, 200), ways=st.integers(1, 9), asks=st.lists(st.integers(0, 8), max_size=400))
+def test_each_thread_works_through_a_stretch_of_its_own_then_takes_the_ends_of_others(
+    n: int, ways: int, asks: list[int]
+) -> None:
+    """Threads work far apart (neighbouring items are often neighbouring memory: see
+    _Cursor): each takes its own stretch of the items in order, then the last items
+    of the stretch with most left; every item exactly once, and none after a stop."""
+    cursor = tasks._Cursor(n, ways)
+    stretch = -(-n // ways) if n else 1
+    left = {w: list(range(w * stretch, min((w + 1) * stretch, n))) for w in range(ways)}
+    taken: list[int] = []
+    for way in [a % ways for a in asks] + [0] * (n + 1):
+        item = cursor.take(way)
+        own = left[way]
+        richest = max(left.values(), key=len)
+        want = own.pop(0) if own else (richest.pop() if richest else None)
+        assert item == want
+        if item is not None:
+            taken.append(item)
+    assert sorted(taken) == list(range(n))
+    stopped = tasks._Cursor(n, ways)
+    stopped.stop()
+    assert stopped.take(0) is None
+
+
 class _HeldItems:
     """Work whose items, once begun, wait for ``release``: to stop a call while its two
     threads are at work (``both_begun``) and see what they did."""
@@ -254,7 +281,7 @@ def test_a_cancelled_call_begins_no_more_items_and_returns_once_those_begun_end(
         work.release.set()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert sorted(work.done) == [0, 1]
+        assert sorted(work.done) == [0, 5]  # (the first of each thread's stretch)
 
     asyncio.run(cancelled())
 
@@ -308,7 +335,7 @@ def test_a_call_closed_unawaited_hands_out_no_more_items(monkeypatch: pytest.Mon
         work.release.set()
 
     asyncio.run(main())  # (its end waits for the executor's threads)
-    assert sorted(work.done) == [0, 1]
+    assert sorted(work.done) == [0, 5]  # (the first of each thread's stretch)
 
 
 def test_in_threads_does_small_work_on_the_callers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
