@@ -105,7 +105,8 @@ def _snapshots(
     ends = plan.starts + lengths
     past = np.zeros(len(plan.sizes), dtype=bool)
     past[stored] = plan.offsets[stored] + plan.sizes[stored] > ends[span_of]
-    past &= ~np.isin(plan.shard, list(stale))
+    if stale:  # (np.isin costs more than the rest of this check)
+        past &= ~np.isin(plan.shard, list(stale))
     if past.any():
         cut = int(np.flatnonzero(past)[0])
         k = int(plan.shard[cut])
