@@ -114,8 +114,9 @@ async def in_threads(
     codecs, system calls); all of it begun has ended when this returns or raises (the
     first error), also when the call is cancelled: a thread cannot be stopped, so what
     it has begun ends before the call unwinds. By ``nbytes``, where the caller says: a
-    worker thread per core, each taking the next item as it is done with one
-    (SHARED_FROM_BYTES or more, or unsaid; see :func:`_pulling`), a slice per core, the
+    worker thread per core, each taking an item as it is done with one, from a stretch
+    of its own first (SHARED_FROM_BYTES or more, or unsaid; see :func:`_pulling` and
+    :class:`_Cursor`), a slice per core, the
     caller's thread doing the first and waiting for the others (less, on
     SHARED_FROM_CORES or more), or the caller's thread doing all of it (less than
     ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on fewer cores). ``at_most``: so
@@ -200,11 +201,13 @@ def _let_go(held: list[Callable[[range], None]], part: range) -> None:
 
 class _Cursor:
     """The items ``range(n)`` handed out one at a time to the ``ways`` threads that share
-    them: each way its own stretch of ``range(n)``, in order, then the last items of the
-    stretch with most left; none after one has failed or the call was cancelled.
+    them: each way its own stretch of ``range(n)`` (split as evenly as can be), in
+    order, then the last items of the stretch with most left; none after one has
+    failed or the call was cancelled.
 
     Why stretches: items next to each other are often memory next to each other, and
-    threads in stretches of their own work far apart. Neighbouring shards' blocks of
+    threads in stretches of their own work far apart (on many cores the stretches are
+    short, and neighbours meet again at their ends). Neighbouring shards' blocks of
     the array a read decodes into share its huge pages, which the kernel zeroes on
     first touch, and two threads that touch a new one at once each zero it (one copy
     is dropped). A 64 MiB read of 1 MiB zstd shards, alternated, 80 rounds: 33 page
@@ -212,8 +215,8 @@ class _Cursor:
     pages), 230 against 246 ms of CPU, 170 against 175 ms."""
 
     def __init__(self, n: int, ways: int = 1) -> None:
-        stretch = max(1, -(-n // max(ways, 1)))
-        self._left = [[start, min(start + stretch, n)] for start in range(0, n, stretch)]
+        ways = max(ways, 1)
+        self._left = [[way * n // ways, (way + 1) * n // ways] for way in range(ways)]
         """Each way's items not yet handed out: ``range(*left[way])``."""
         self._stopped = False
         self._lock = threading.Lock()

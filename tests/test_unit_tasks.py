@@ -226,10 +226,11 @@ def test_each_thread_works_through_a_stretch_of_its_own_then_takes_the_ends_of_o
 ) -> None:
     """Threads work far apart (neighbouring items are often neighbouring memory: see
     _Cursor): each takes its own stretch of the items in order, then the last items
-    of the stretch with most left; every item exactly once, and none after a stop."""
+    of the stretch with most left; every item exactly once, and none after a stop.
+    Stretches differ by one item at most: with no fewer items than threads, every
+    thread has one."""
     cursor = tasks._Cursor(n, ways)
-    stretch = -(-n // ways) if n else 1
-    left = {w: list(range(w * stretch, min((w + 1) * stretch, n))) for w in range(ways)}
+    left = {w: list(range(w * n // ways, (w + 1) * n // ways)) for w in range(ways)}
     taken: list[int] = []
     for way in [a % ways for a in asks] + [0] * (n + 1):
         item = cursor.take(way)
@@ -240,6 +241,8 @@ def test_each_thread_works_through_a_stretch_of_its_own_then_takes_the_ends_of_o
         if item is not None:
             taken.append(item)
     assert sorted(taken) == list(range(n))
+    if n >= ways:
+        assert all(len(range(*left)) in (n // ways, -(-n // ways)) for left in tasks._Cursor(n, ways)._left)
     stopped = tasks._Cursor(n, ways)
     stopped.stop()
     assert stopped.take(0) is None
