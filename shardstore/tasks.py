@@ -225,11 +225,12 @@ class _Cursor:
         with self._lock:
             if self._stopped:
                 return None
-            if way < len(self._left) and (own := self._left[way])[0] < own[1]:
+            own = self._left[way]
+            if own[0] < own[1]:
                 own[0] += 1
                 return own[0] - 1
-            richest = max(self._left, key=lambda left: left[1] - left[0], default=None)
-            if richest is None or richest[0] == richest[1]:
+            richest = max(self._left, key=lambda left: left[1] - left[0])
+            if richest[0] == richest[1]:
                 return None
             richest[1] -= 1  # (from its end: far from where its own thread works)
             return richest[1]
@@ -240,11 +241,11 @@ class _Cursor:
 
 
 def _pulling(held: list[Callable[[range], None]], cursor: _Cursor, way: int) -> None:
-    """``held[0]`` over the items ``cursor`` hands this thread (``way``), one at a time, let go of
-    as :func:`_let_go` does. Not a fixed slice per thread: a thread held up (a page
-    fault that waits for the kernel to free or compact memory: tens of milliseconds
-    on a busy machine) leaves what it has not started to the others, who would
-    otherwise wait for it. A 64 MiB zstd read stalled so in about one run of three."""
+    """``held[0]`` over the items ``cursor`` hands this thread (``way``), one at a time,
+    let go of as :func:`_let_go` does. Not a fixed slice per thread: a thread held up (a
+    page fault that waits for the kernel to free or compact memory: tens of
+    milliseconds on a busy machine) leaves what it has not started to the others, who
+    would otherwise wait for it. A 64 MiB zstd read stalled so in about one run of three."""
     work = held.pop()
     try:
         while (k := cursor.take(way)) is not None:
