@@ -116,11 +116,10 @@ async def in_threads(
     it has begun ends before the call unwinds. By ``nbytes``, where the caller says: a
     worker thread per core, each taking an item as it is done with one, from a stretch
     of its own first (SHARED_FROM_BYTES or more, or unsaid; see :func:`_pulling` and
-    :class:`_Cursor`), a slice per core, the
-    caller's thread doing the first and waiting for the others (less, on
-    SHARED_FROM_CORES or more), or the caller's thread doing all of it (less than
-    ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on fewer cores). ``at_most``: so
-    many threads at most, where the caller says."""
+    :class:`_Cursor`), a slice per core, the caller's thread doing the first and
+    waiting for the others (less, on SHARED_FROM_CORES or more), or the caller's
+    thread doing all of it (less than ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on
+    fewer cores). ``at_most``: so many threads at most, where the caller says."""
     if n == 0:
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
@@ -215,7 +214,6 @@ class _Cursor:
     pages), 230 against 246 ms of CPU, 170 against 175 ms."""
 
     def __init__(self, n: int, ways: int = 1) -> None:
-        ways = max(ways, 1)
         self._left = [[way * n // ways, (way + 1) * n // ways] for way in range(ways)]
         """Each way's items not yet handed out: ``range(*left[way])``."""
         self._stopped = False
