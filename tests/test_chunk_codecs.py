@@ -20,7 +20,7 @@ from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.dtype import VariableLengthBytes
 
 from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore, ShardStoreError
-from shardstore.chunk_codecs import chunk_codec
+from shardstore.chunk_codecs import STREAMED_BELOW, chunk_codec
 
 from .helpers import sample
 
@@ -283,12 +283,13 @@ def test_chunks_decode_together_from_frames_without_their_size() -> None:
     np.testing.assert_array_equal(decoded, np.stack(chunks))
 
 
+@pytest.mark.parametrize("count", [4, STREAMED_BELOW])
 @pytest.mark.parametrize("gap", [0, 3])
-def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
-    """Frames end to end (as shardstore writes them) are decoded as one stream, others
-    one by one: either way into the rows the caller's allocator gives."""
+def test_chunks_decode_together_into_the_memory_given(gap: int, count: int) -> None:
+    """A few frames end to end (as shardstore writes them) are decoded as one stream,
+    others in one call: either way into the rows the caller's allocator gives."""
     codec = _zstd_codec((8, 8), "f4")
-    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(4)]
+    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)]
     frames = [codec.encode(chunk) for chunk in chunks]
     blob = (b"x" * gap).join(frames)
     sizes = np.array([len(f) for f in frames], dtype=np.uint64)
@@ -301,9 +302,34 @@ def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
 
     decoded = codec.decode_stacked(blob, np.stack([starts, sizes], 1), (8, 8), empty)
     np.testing.assert_array_equal(decoded, np.stack(chunks))
-    assert len(given) == 1 and given[0].shape == (4, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
+    assert len(given) == 1 and given[0].shape == (count, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
 
 
+def test_many_frames_decode_in_one_call_not_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream takes the GIL back at each frame's end: many frames (a shard's, by one
+    of a thread per core) are decoded in one call, a few (a slab's row) streamed."""
+    from shardstore import chunk_codecs
+
+    streamed: list[int] = []
+    real = chunk_codecs._Zstd._streamed_into
+
+    def counted(self: Any, data: Any, start: int, stop: int, into: memoryview) -> None:
+        streamed.append(len(into))
+        real(self, data, start, stop, into)
+
+    monkeypatch.setattr(chunk_codecs._Zstd, "_streamed_into", counted)
+    codec = _zstd_codec((8, 8), "f4")
+    for count in (STREAMED_BELOW - 1, STREAMED_BELOW):
+        chunks = np.stack([(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)])
+        frames = codec.encode_stacked(chunks, range(count))
+        sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
+        segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
+        decoded = codec.decode_stacked(b"".join(bytes(f) for f in frames), segments, (8, 8))
+        np.testing.assert_array_equal(decoded, chunks)
+    assert streamed == [(STREAMED_BELOW - 1) * 8 * 8 * 4]
+
+
+@pytest.mark.parametrize("count", [2, STREAMED_BELOW])  # (streamed, and in one call)
 @pytest.mark.parametrize(
     "damage",
     [
@@ -316,37 +342,34 @@ def test_chunks_decode_together_into_the_memory_given(gap: int) -> None:
         "last unfinished",
     ],
 )
-def test_chunks_decoded_together_raise_value_error_on_damage(damage: str) -> None:
-    codec = _zstd_codec((8, 8), "f4")
+def test_chunks_decoded_together_raise_value_error_on_damage(damage: str, count: int) -> None:
+    """The last of ``count`` chunks is damaged."""
+    codec = _zstd_codec((8, 8), "f4", checksum=damage == "last unfinished")
     chunk = sample((8, 8), "f4")
     frame = codec.encode(chunk)
-    segments = np.array([[0, len(frame)], [len(frame), len(frame)]], dtype=np.uint64)
-    blob = frame + frame
+    last, shift = frame, 0  # (the last chunk's bytes, and how far its place is off)
     if damage == "truncated":
-        blob = frame + frame[:-5]
-        segments[1, 1] -= 5
+        last = frame[:-5]
     elif damage == "too short":  # a whole frame, of fewer elements than the chunk has
-        short = codec.encode(chunk[:7])
-        blob, segments[1, 1] = frame + short, len(short)
+        last = codec.encode(chunk[:7])
     elif damage == "outside the shard":
-        segments[1, 0] += 1
+        shift = 1
     elif damage == "trailing bytes":  # more than the frame in the chunk's bytes
-        blob += b"junk"
-        segments[1, 1] += 4
+        last = frame + b"junk"
     elif damage == "trailing frame start":  # what a stream reads as a frame yet to come
-        blob += frame[:3]
-        segments[1, 1] += 3
+        last = frame + frame[:3]
     elif damage == "last unfinished":  # its checksum cut off: a stream just ends there
-        codec = _zstd_codec((8, 8), "f4", checksum=True)
-        frame = codec.encode(chunk)
-        blob = frame + frame[:-4]
-        segments = np.array([[0, len(frame)], [len(frame), len(frame) - 4]], dtype=np.uint64)
+        last = frame[:-4]
     else:  # what numcodecs would read as one chunk
         half = codec.encode(chunk[:4])
-        blob = frame + half + half
-        segments[1, 1] = 2 * len(half)
+        last = half + half
+    before = len(frame) * (count - 1)
+    segments = np.array(
+        [[k * len(frame), len(frame)] for k in range(count - 1)] + [[before + shift, len(last)]],
+        dtype=np.uint64,
+    )
     with pytest.raises(ValueError):
-        codec.decode_stacked(blob, segments, (8, 8))
+        codec.decode_stacked(frame * (count - 1) + last, segments, (8, 8))
 
 
 def test_chains_other_than_zstd_alone_or_without_zstandard_go_chunk_by_chunk(
