@@ -51,17 +51,19 @@ zstandard's (1.5.7) on float data here, while below it zstandard's kept context 
 (numcodecs builds one per chunk)."""
 _KINDS = "biufc"
 """numpy kinds the direct path handles: fixed-size numbers and booleans."""
-STREAMED_BELOW = 32
-"""Calls that decode fewer frames than this stream them straight into place; more are
-decompressed in one call that lets go of the GIL once, then copied into place. A stream
-takes the GIL back at every frame's end: with a thread per core each decoding a shard,
-that is a handoff of the GIL a frame (4,096 in a 64 MiB read of 16 KiB chunks): the
-threads kept 1.68 cores busy, 1.84 with one call a shard. That call costs 5-7 % more
-on a thread alone (the copy); a whole 64 MiB read of shards of 64 such chunks,
-alternated in one process, 60 rounds twice: 97.6 and 95.9 ms against 102.4 and 103.3
-streamed (zarrs 73).
-A slab's row of eight chunks a shard is decoded by the caller's thread alone, where a
-stream is cheaper."""
+ONE_CALL_FROM = 32
+"""Calls that decode this many frames or more decompress them in one call that lets go
+of the GIL once, after one numpy walk of their headers (:func:`content_sizes`: about
+55 µs, whatever their number), then copy them into place. A call per frame, or a
+stream over them, takes the GIL back at every frame's end: with a thread per core each
+decoding a shard, that is a handoff of the GIL a frame (4,096 in a 64 MiB read of
+16 KiB chunks): the threads kept 1.68 cores busy, 1.84 with one call a shard, a whole
+64 MiB read of shards of 64 such chunks about 5 % faster (alternated in one process,
+60 rounds twice: 97.6 and 95.9 ms against 102.4 and 103.3; zarrs 73). Fewer frames
+(a slab's row of eight chunks a shard, decoded by the caller's thread alone) are each
+decompressed on their own: the one-shot call checks the frame whole, where a walk of
+the headers in Python cost more than a frame's decode (a 1 MiB slab, alternated, 150
+rounds twice: 4.67 and 4.58 ms against 4.83 and 4.75 streamed after such a walk)."""
 
 
 def _value(option: Any) -> Any:
@@ -134,19 +136,19 @@ class _Zstd:
     def decode_many(self, data: Any, segments: npt.NDArray[np.uint64], size: int, into: memoryview) -> None:
         """The frames at ``segments`` (rows of offset and length; at least one) of
         ``data`` decompressed side by side into ``into``, each to exactly ``size``
-        bytes: streamed, or in one call that lets go of the GIL once (see
-        STREAMED_BELOW). Raises ValueError on damage (a frame that does not
+        bytes: one by one, or in one call that lets go of the GIL once (see
+        ONE_CALL_FROM). Raises ValueError on damage (a frame that does not
         decompress, or not to ``size`` bytes, or not one whole frame and nothing
         more: which one, the caller finds out)."""
-        said = content_sizes(np.frombuffer(data, dtype=np.uint8), segments)
-        if said is None:
-            raise ValueError("a chunk's bytes are not one zstd frame and nothing after it")
-        if ((said != size) & (said != -1)).any():
-            raise ValueError(f"a frame says it holds other than {size} bytes")
         try:
-            if len(segments) < STREAMED_BELOW and (said == size).all() and _end_to_end(segments):
-                self._streamed_into(memoryview(data), int(segments[0, 0]), int(segments[-1].sum()), into)
+            if len(segments) < ONE_CALL_FROM:
+                self._each_into(memoryview(data), segments.tolist(), size, into)
                 return
+            said = content_sizes(np.frombuffer(data, dtype=np.uint8), segments)
+            if said is None:
+                raise ValueError("a chunk's bytes are not one zstd frame and nothing after it")
+            if ((said != size) & (said != -1)).any():
+                raise ValueError(f"a frame says it holds other than {size} bytes")
             chunks = self._contexts()[1].multi_decompress_to_buffer(
                 zstandard.BufferWithSegments(data, _native(segments)),
                 decompressed_sizes=np.full(len(segments), size, dtype=np.uint64),
@@ -157,23 +159,20 @@ class _Zstd:
         for i in range(len(chunks)):
             into[i * size : (i + 1) * size] = chunks[i]  # (ValueError if not ``size`` bytes)
 
-    def _streamed_into(self, data: memoryview, start: int, stop: int, into: memoryview) -> None:
-        """:meth:`decode_many` of frames that lie end to end from ``start`` to ``stop``,
-        each saying it holds as many bytes as the caller wants of it: one stream over
-        them all, straight into ``into``. Less than half the time of decompressing each
-        frame on its own and joining them (16 KiB chunks: 0.85 against 2.0 ms a MiB):
-        no memory asked for each frame, nor a copy. zstd holds each frame to the size it
-        says; the caller has checked that each chunk's bytes are one whole frame (a
-        stream runs on across them, and ends quietly where its input does)."""
-        reader = self._contexts()[1].stream_reader(data[start:stop], read_across_frames=True)
-        if reader.readinto(into) != len(into) or reader.read(1):
-            raise ValueError("the frames do not hold the chunks' bytes, end to end")
-
-
-def _end_to_end(segments: npt.NDArray[np.uint64]) -> bool:
-    """Whether the pieces at ``segments`` (rows of offset and length) follow each other
-    without a gap, in order."""
-    return bool((segments[1:, 0] == segments[:-1, 0] + segments[:-1, 1]).all())
+    def _each_into(self, data: memoryview, pieces: list[list[int]], size: int, into: memoryview) -> None:
+        """:meth:`decode_many` of the frames at ``pieces`` one by one, each straight from
+        the check of the size its header says (none: a streamed frame, held to ``size``)
+        into place. zstd's one-shot call refuses anything but one whole frame: a frame
+        cut short, bytes after it, a checksum that does not match."""
+        decompress = self._contexts()[1].decompress
+        for i, (offset, nbytes) in enumerate(pieces):
+            if offset + nbytes > len(data):  # (a slice would end quietly at the end)
+                raise ValueError("a chunk's bytes run past the end of the shard's")
+            frame = data[offset : offset + nbytes]
+            said = zstandard.frame_content_size(frame)
+            if said != size and said != -1:  # (checked first: zstd makes room for what it says)
+                raise ValueError(f"a frame says it holds {said} bytes, not {size}")
+            into[i * size : (i + 1) * size] = decompress(frame, max_output_size=size, allow_extra_data=False)
 
 
 def _native(segments: npt.NDArray[np.uint64]) -> bytes:

@@ -20,7 +20,7 @@ from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.dtype import VariableLengthBytes
 
 from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore, ShardStoreError
-from shardstore.chunk_codecs import STREAMED_BELOW, chunk_codec
+from shardstore.chunk_codecs import ONE_CALL_FROM, chunk_codec
 
 from .helpers import sample
 
@@ -269,25 +269,31 @@ def test_chunks_encoded_together_are_the_frames_each_gets_alone_and_decode_toget
     np.testing.assert_array_equal(decoded, stacked[places])
 
 
-def test_chunks_decode_together_from_frames_without_their_size() -> None:
-    import zstandard
-
+@pytest.mark.parametrize("count", [3, ONE_CALL_FROM])
+def test_chunks_decode_together_from_frames_without_their_size(count: int) -> None:
     codec = _zstd_codec((8, 8), "f4")
-    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(3)]
+    chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)]
     frames = []
     for chunk in chunks:
-        streamed = zstandard.ZstdCompressor().compressobj()
-        frames.append(streamed.compress(chunk.tobytes()) + streamed.flush())
+        frames.append(_streamed_frame(chunk.tobytes()))
     sizes = np.array([len(f) for f in frames], dtype=np.uint64)
     decoded = codec.decode_stacked(b"".join(frames), np.stack([np.cumsum(sizes) - sizes, sizes], 1), (8, 8))
     np.testing.assert_array_equal(decoded, np.stack(chunks))
 
 
-@pytest.mark.parametrize("count", [4, STREAMED_BELOW])
+def _streamed_frame(data: bytes) -> bytes:
+    """A zstd frame whose header does not say its content size (as a stream writes it)."""
+    import zstandard
+
+    streamed = zstandard.ZstdCompressor().compressobj()
+    return streamed.compress(data) + streamed.flush()
+
+
+@pytest.mark.parametrize("count", [4, ONE_CALL_FROM])
 @pytest.mark.parametrize("gap", [0, 3])
 def test_chunks_decode_together_into_the_memory_given(gap: int, count: int) -> None:
-    """A few frames end to end (as shardstore writes them) are decoded as one stream,
-    others in one call: either way into the rows the caller's allocator gives."""
+    """A few frames are decoded one by one, many in one call: either way, with gaps
+    between them or not, into the rows the caller's allocator gives."""
     codec = _zstd_codec((8, 8), "f4")
     chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)]
     frames = [codec.encode(chunk) for chunk in chunks]
@@ -305,31 +311,31 @@ def test_chunks_decode_together_into_the_memory_given(gap: int, count: int) -> N
     assert len(given) == 1 and given[0].shape == (count, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
 
 
-def test_many_frames_decode_in_one_call_not_a_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stream takes the GIL back at each frame's end: many frames (a shard's, by one
-    of a thread per core) are decoded in one call, a few (a slab's row) streamed."""
+def test_many_frames_decode_in_one_call_a_few_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call a frame takes the GIL back at each frame's end: many frames (a shard's, by
+    one of a thread per core) are decoded in one call, a few (a slab's row) one by one."""
     from shardstore import chunk_codecs
 
-    streamed: list[int] = []
-    real = chunk_codecs._Zstd._streamed_into
+    each: list[int] = []
+    real = chunk_codecs._Zstd._each_into
 
-    def counted(self: Any, data: Any, start: int, stop: int, into: memoryview) -> None:
-        streamed.append(len(into))
-        real(self, data, start, stop, into)
+    def counted(self: Any, data: Any, pieces: list[list[int]], size: int, into: memoryview) -> None:
+        each.append(len(pieces))
+        real(self, data, pieces, size, into)
 
-    monkeypatch.setattr(chunk_codecs._Zstd, "_streamed_into", counted)
+    monkeypatch.setattr(chunk_codecs._Zstd, "_each_into", counted)
     codec = _zstd_codec((8, 8), "f4")
-    for count in (STREAMED_BELOW - 1, STREAMED_BELOW):
+    for count in (ONE_CALL_FROM - 1, ONE_CALL_FROM):
         chunks = np.stack([(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)])
         frames = codec.encode_stacked(chunks, range(count))
         sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
         segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
         decoded = codec.decode_stacked(b"".join(bytes(f) for f in frames), segments, (8, 8))
         np.testing.assert_array_equal(decoded, chunks)
-    assert streamed == [(STREAMED_BELOW - 1) * 8 * 8 * 4]
+    assert each == [ONE_CALL_FROM - 1]
 
 
-@pytest.mark.parametrize("count", [2, STREAMED_BELOW])  # (streamed, and in one call)
+@pytest.mark.parametrize("count", [2, ONE_CALL_FROM])  # (one by one, and in one call)
 @pytest.mark.parametrize(
     "damage",
     [
@@ -340,6 +346,8 @@ def test_many_frames_decode_in_one_call_not_a_stream(monkeypatch: pytest.MonkeyP
         "trailing bytes",
         "trailing frame start",
         "last unfinished",
+        "streamed, too short",
+        "streamed, too long",
     ],
 )
 def test_chunks_decoded_together_raise_value_error_on_damage(damage: str, count: int) -> None:
@@ -360,6 +368,8 @@ def test_chunks_decoded_together_raise_value_error_on_damage(damage: str, count:
         last = frame + frame[:3]
     elif damage == "last unfinished":  # its checksum cut off: a stream just ends there
         last = frame[:-4]
+    elif damage.startswith("streamed"):  # no size in its header to check first
+        last = _streamed_frame(np.resize(chunk, 63 if damage.endswith("short") else 65).tobytes())
     else:  # what numcodecs would read as one chunk
         half = codec.encode(chunk[:4])
         last = half + half

@@ -1,7 +1,7 @@
 """content_sizes: each chunk's frame content size, where its bytes are one zstd frame
 and nothing after it, read from the frames' headers: every kind of block, header and
 frame zstd writers make, and the damage a stream decoding a shard's frames together
-would not notice. Each test runs both walks: numpy's (many pieces) and Python's (few)."""
+would not notice."""
 
 from __future__ import annotations
 
@@ -15,17 +15,6 @@ from hypothesis import strategies as st
 from shardstore import zstd_frames
 
 SKIPPABLE = 0x184D2A50
-WALKS = ["numpy", "python"]
-
-
-def _sizes(walk: str, data: np.ndarray, segments: np.ndarray) -> np.ndarray | None:
-    """zstd_frames.content_sizes by the walk named, whatever the number of pieces."""
-    saved = zstd_frames.VECTOR_FROM
-    zstd_frames.VECTOR_FROM = 0 if walk == "numpy" else 2**62
-    try:
-        return zstd_frames.content_sizes(data, segments)
-    finally:
-        zstd_frames.VECTOR_FROM = saved
 
 
 def _content(kind: str, nbytes: int) -> bytes:
@@ -80,34 +69,29 @@ def _with_header(frame: bytes, single_segment: int, size_flag: int, dictionary_f
     st.booleans(),
     st.booleans(),
     st.sampled_from([b"", b"gap"]),
-    st.sampled_from(WALKS),
 )
 def test_frames_zstd_writes_fill_their_pieces(
-    contents: list[tuple[str, int]], checksum: bool, streamed: bool, gap: bytes, walk: str
+    contents: list[tuple[str, int]], checksum: bool, streamed: bool, gap: bytes
 ) -> None:
     """Raw, RLE and compressed blocks, one or many (past 128 KiB), a checksum or none,
     the content size said or not, pieces end to end or apart: all whole frames."""
     frames = [_frame(_content(kind, nbytes), checksum, streamed) for kind, nbytes in contents]
     data, segments = _shard(frames, gap)
-    said = _sizes(walk, data, segments)
+    said = zstd_frames.content_sizes(data, segments)
     assert said is not None
     assert said.tolist() == [-1 if streamed else nbytes for _, nbytes in contents]
 
 
-@pytest.mark.parametrize("walk", WALKS)
-def test_numcodecs_frames_fill_their_pieces(walk: str) -> None:
+def test_numcodecs_frames_fill_their_pieces() -> None:
     frames = [bytes(numcodecs.Zstd(level=level).encode(_content("smooth", 20_000))) for level in (1, 5, 22)]
-    said = _sizes(walk, *_shard(frames))
+    said = zstd_frames.content_sizes(*_shard(frames))
     assert said is not None and said.tolist() == [20_000] * 3
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("single_segment", [0, 1])
 @pytest.mark.parametrize("size_flag", [0, 1, 2, 3])
 @pytest.mark.parametrize("dictionary_flag", [0, 1, 2, 3])
-def test_every_frame_header_size_is_walked(
-    walk: str, single_segment: int, size_flag: int, dictionary_flag: int
-) -> None:
+def test_every_frame_header_size_is_walked(single_segment: int, size_flag: int, dictionary_flag: int) -> None:
     """A window descriptor or not, a content size of 0, 1, 2, 4 or 8 bytes and a
     dictionary id of 0, 1, 2 or 4: the content size is read where it is, and the blocks
     found after the header, whatever its size (one byte more or less and they are not)."""
@@ -119,13 +103,12 @@ def test_every_frame_header_size_is_walked(
         dictionary_flag,
         max(said, 0),
     )
-    got = _sizes(walk, *_shard([frame, frame]))
+    got = zstd_frames.content_sizes(*_shard([frame, frame]))
     assert got is not None and got.tolist() == [said, said]
     for wrong in (frame + b"\x00", frame[:-1]):
-        assert _sizes(walk, *_shard([frame, wrong])) is None
+        assert zstd_frames.content_sizes(*_shard([frame, wrong])) is None
 
 
-@pytest.mark.parametrize("walk", WALKS)
 @pytest.mark.parametrize("checksum", [False, True])
 @pytest.mark.parametrize(
     "damage",
@@ -144,7 +127,7 @@ def test_every_frame_header_size_is_walked(
         "too short for a frame",
     ],
 )
-def test_anything_but_one_whole_frame_does_not_fill_its_piece(walk: str, checksum: bool, damage: str) -> None:
+def test_anything_but_one_whole_frame_does_not_fill_its_piece(checksum: bool, damage: str) -> None:
     """Damage in the first piece of two, or the last: each is found."""
     frame = _frame(_content("smooth", 4000), checksum, False)
     bad = {
@@ -172,14 +155,13 @@ def test_anything_but_one_whole_frame_does_not_fill_its_piece(walk: str, checksu
         data, segments = _shard(pieces)
         if damage == "outside the data":
             segments[-1, 1] += 1
-        assert _sizes(walk, data, segments) is None, pieces.index(bad)
+        assert zstd_frames.content_sizes(data, segments) is None, pieces.index(bad)
 
 
-@pytest.mark.parametrize("walk", WALKS)
-def test_a_frame_that_covers_the_next_pieces_frame_does_not_fill_its_piece(walk: str) -> None:
+def test_a_frame_that_covers_the_next_pieces_frame_does_not_fill_its_piece() -> None:
     """A piece holding two frames and the start of a skippable one that covers the next
     piece's frame: decoded as one stream, the pieces' total output is right and every
     frame header said the right size, but the next piece's frame is never read."""
     frame, other = (_frame(_content("smooth", 4000 + i), False, False) for i in (0, 1))
     swallow = frame + other + SKIPPABLE.to_bytes(4, "little") + len(frame).to_bytes(4, "little")
-    assert _sizes(walk, *_shard([swallow, frame])) is None
+    assert zstd_frames.content_sizes(*_shard([swallow, frame])) is None
