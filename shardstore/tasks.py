@@ -97,11 +97,14 @@ in about 1 ms). Measured with four threads reading rows of 0.5-2 MiB at once, ke
 the work on that loop was as fast or faster."""
 SHARED_FROM_CORES = 3
 """Middling work (see SHARED_FROM_BYTES) is shared on machines of this many cores or more;
-with two, the caller's thread does it alone: its one helper cost as much as it saved
-(waking it, and the two threads handing the GIL back and forth as each zstd frame
-ends: a shard's eight chunks took 0.38 ms to decode beside the helper, 0.18 alone). A
+with two, the caller's thread does it alone: its one helper cost as much as it saved. A
 slab of sixty-four 16 KiB zstd chunks (1 MiB), alternated in one process, 60 rounds of
-5: 5.66 against 4.94 ms, and 6.15 against 5.61 ms in another run (zarrs 3.7-3.8 ms)."""
+5: 5.66 against 4.94 ms, and 6.15 against 5.61 ms in another run (zarrs 3.7-3.8 ms);
+later, with nothing but the decoding shared, 1.51 against 1.37 ms for it. Linux ran the
+woken helper on the caller's own core while the other stayed idle (``perf sched``: 1.2
+ms of it), and the caller's thread, its share decoded in 0.18 ms, went on only as the
+helper ended: such work is over before the scheduler moves a thread. Two threads long
+at work decoding the same shards take 0.60-1.0 ms against 0.88-1.25 for one."""
 
 _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 """Threads that take a share of work the caller's thread waits for (one per other core)."""
