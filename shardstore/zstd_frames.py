@@ -10,8 +10,9 @@ what follows. So the check is made here, before decoding, from the frame format 
 says, blocks each led by a 3-byte header that gives its size, its type and whether it
 is the last, and a checksum where the first byte says so. The frames are walked with
 numpy, a step a block (a chunk of up to 128 KiB is one block, so one step walks every
-frame of a shard): about 55 µs a call, whatever their number (a few frames are each
-decompressed on their own instead, by a call that checks them whole). Pure functions.
+frame of a shard), whatever their number (a few frames are each decompressed on their
+own instead, by a call that checks them whole). Frames alike, as one writer makes them
+(see :func:`_alike`), are read with half the numpy calls. Pure functions.
 """
 
 from __future__ import annotations
@@ -36,6 +37,53 @@ def content_sizes(
     blocks decode is zstd's to say); None where one is not: also a piece outside
     ``data``, and anything but a plain zstd frame (a skippable frame, a legacy one, a
     reserved bit set)."""
+    alike = _alike(data, segments)
+    return alike if alike is not None else _walked(data, segments)
+
+
+_HEAD = np.arange(24)
+"""Where the bytes of a frame's start lie: its magic number, header (18 bytes at most)
+and first block header."""
+
+
+def _alike(data: npt.NDArray[np.uint8], segments: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64] | None:
+    """:func:`content_sizes` where every piece is one frame of one block with the header
+    of the first (the same fields, so in the same places), as one writer makes a
+    shard's chunks of up to 128 KiB; None where they are not (or not frames at all:
+    :func:`_walked` says which). Half the numpy calls of the walk: a shard's 64 frames
+    in 29 µs against 59; in a whole 64 MiB read's threads, whose Python runs with cold
+    caches, 7.4 ms of CPU against 11.2."""
+    starts = segments[:, 0].astype(np.int64)
+    lengths = segments[:, 1].astype(np.int64)
+    if not ((lengths >= 8) & (starts + lengths <= len(data))).all():
+        return None
+    head = np.take(data, starts[:, None] + _HEAD, mode="clip")  # (bytes past a piece: see below)
+    descriptor = int(head[0, 4])
+    if descriptor & 0b1000 or not (head[:, 4] == descriptor).all():
+        return None
+    single_segment, size_flag = (descriptor >> 5) & 1, descriptor >> 6
+    size_bytes = (1 << size_flag) if size_flag else single_segment
+    size_at = 5 + (1 - single_segment) + (4 if descriptor & 3 == 3 else descriptor & 3)
+    block_at = size_at + size_bytes
+    fields = np.zeros((len(starts), 16), dtype=np.uint8)  # magic, content size (8), block header
+    fields[:, :4] = head[:, :4]
+    fields[:, 4 : 4 + size_bytes] = head[:, size_at:block_at]
+    fields[:, 12:15] = head[:, block_at : block_at + 3]
+    magic, low, high, block = fields.view("<u4").T.astype(np.int64)
+    kind = (block >> 1) & 3
+    if not ((magic == MAGIC) & (block & 1 == 1) & (kind != _RESERVED)).all():
+        return None
+    # (ends past block_at + 3: a piece too short for its header read bytes past its end)
+    ends = block_at + 3 + np.where(kind == _RLE, 1, block >> 3) + 4 * ((descriptor >> 2) & 1)
+    if not (ends == lengths).all():
+        return None
+    if not size_bytes:
+        return np.full(len(starts), -1, dtype=np.int64)
+    return low + (high << 32) + (256 if size_bytes == 2 else 0)
+
+
+def _walked(data: npt.NDArray[np.uint8], segments: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64] | None:
+    """:func:`content_sizes` of any pieces, walked a block a step."""
     starts = segments[:, 0].astype(np.int64)
     stops = starts + segments[:, 1].astype(np.int64)
     # (the magic number, the frame header's first byte and a block header, at least)

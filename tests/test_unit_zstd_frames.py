@@ -1,7 +1,8 @@
 """content_sizes: each chunk's frame content size, where its bytes are one zstd frame
 and nothing after it, read from the frames' headers: every kind of block, header and
 frame zstd writers make, and the damage a stream decoding a shard's frames together
-would not notice."""
+would not notice. Each test runs both ways: frames alike read at once, and the walk a
+block a step that reads any."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from hypothesis import strategies as st
 from shardstore import zstd_frames
 
 SKIPPABLE = 0x184D2A50
+ALIKE, WALKED = zstd_frames._alike, zstd_frames._walked
+
+
+@pytest.fixture(autouse=True, params=["alike first", "walked"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test once as frames come, once with every frame walked a block a step."""
+    if request.param == "walked":
+        monkeypatch.setattr(zstd_frames, "_alike", lambda data, segments: None)
+    return str(request.param)
 
 
 def _content(kind: str, nbytes: int) -> bytes:
@@ -165,3 +175,53 @@ def test_a_frame_that_covers_the_next_pieces_frame_does_not_fill_its_piece() -> 
     frame, other = (_frame(_content("smooth", 4000 + i), False, False) for i in (0, 1))
     swallow = frame + other + SKIPPABLE.to_bytes(4, "little") + len(frame).to_bytes(4, "little")
     assert zstd_frames.content_sizes(*_shard([swallow, frame])) is None
+
+
+def _mangled(frame: bytes, how: int, at: int) -> bytes:
+    """``frame`` as is, cut short, with bytes after it, or with one byte changed."""
+    if how == 1:
+        return frame[: at % len(frame)]
+    if how == 2:
+        return frame + bytes([at % 256]) * (1 + at % 5)
+    if how == 3:
+        k = at % min(len(frame), 24)  # (the header and first block header)
+        return frame[:k] + bytes([frame[k] ^ (1 << (at % 8))]) + frame[k + 1 :]
+    return frame
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["random", "constant", "smooth"]),
+            st.sampled_from([1, 300, 40_000, 300_000]),
+            st.sampled_from([0, 0, 1, 2, 3]),
+            st.integers(0, 2**16),
+            st.sampled_from([(False, False), (False, False), (True, False), (False, True)]),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+)
+def test_frames_read_alike_say_what_the_walk_says(
+    pieces: list[tuple[str, int, int, int, tuple[bool, bool]]],
+) -> None:
+    """Whatever the pieces (whole frames or damaged ones, with headers alike or not),
+    reading them as frames alike says nothing or what the walk says."""
+    frames = [_mangled(_frame(_content(kind, n), *flags), how, at) for kind, n, how, at, flags in pieces]
+    data, segments = _shard(frames)
+    alike, walked = ALIKE(data, segments), WALKED(data, segments)
+    if alike is not None:
+        assert walked is not None and alike.tolist() == walked.tolist()
+
+
+def test_frames_one_writer_makes_are_read_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's chunks as a writer makes them (one header, one block each) need no walk."""
+    monkeypatch.setattr(zstd_frames, "_alike", ALIKE)
+    monkeypatch.setattr(zstd_frames, "_walked", lambda data, segments: pytest.fail("walked"))
+    for level in (1, 5):
+        frames = [
+            bytes(numcodecs.Zstd(level=level).encode(_content("smooth", 16_384 + k))) for k in range(64)
+        ]
+        said = zstd_frames.content_sizes(*_shard(frames))
+        assert said is not None and said.tolist() == [16_384 + k for k in range(64)]
