@@ -6,10 +6,10 @@ else. zstandard's calls that decompress many frames at once do not hold them to 
 a stream runs on across chunks (a frame's last block, raw or skipped, may cover the
 next chunk's frame), and the call for many frames stops at each frame's end and never
 looks at what follows (the call for one frame does, where told to: a few frames are
-each decoded by it instead). So the check is made here, before decoding, from the frame format (RFC
-8878, section 3.1.1): a frame is its magic number, a header whose size its first byte
-says, blocks each led by a 3-byte header that gives its size, its type and whether it
-is the last, and a checksum where the first byte says so. The frames are walked with
+each decoded by it instead). So the check is made here, before decoding, from the
+frame format (RFC 8878, section 3.1.1): a frame is its magic number, a header whose
+size its first byte says, blocks each led by a 3-byte header that gives its size, its
+type and whether it is the last, and a checksum where the first byte says so. The frames are walked with
 numpy, a step a block (a chunk of up to 128 KiB is one block at the usual levels, so
 one step walks every frame of a shard; levels 16-22 cut one into about a dozen).
 Frames alike, as one writer makes them (see :func:`_alike`), are read with half the
@@ -50,11 +50,10 @@ and first block header."""
 def _alike(data: npt.NDArray[np.uint8], segments: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64] | None:
     """:func:`content_sizes` where every piece is one frame of one block with the header
     of the first (its first byte: the same fields, so in the same places), as one
-    writer makes a shard's chunks of up to 128 KiB at the usual levels; None where
-    they are not (or not frames at all:
-    :func:`_walked` says which). Half the numpy calls of the walk: a shard's 64 frames
-    in 29 µs against 59; in a whole 64 MiB read's threads, whose Python runs with cold
-    caches, 7.4 ms of CPU against 11.2."""
+    writer makes a shard's chunks of up to 128 KiB at the usual levels; None where they
+    are not (or not frames at all: :func:`_walked` says which). Half the numpy calls of
+    the walk: a shard's 64 frames in 29 µs against 59; in a whole 64 MiB read's
+    threads, whose Python runs with cold caches, 7.4 ms of CPU against 11.2."""
     starts = segments[:, 0].astype(np.int64)
     lengths = segments[:, 1].astype(np.int64)
     if not ((lengths >= 8) & (starts + lengths <= len(data))).all():
