@@ -216,13 +216,13 @@ class _Cursor:
     faults against 48 with the items handed out in order (its output is 32 huge
     pages), 230 against 246 ms of CPU, 170 against 175 ms."""
 
-    def __init__(self, n: int, ways: int = 1) -> None:
+    def __init__(self, n: int, ways: int) -> None:
         self._left = [[way * n // ways, (way + 1) * n // ways] for way in range(ways)]
         """Each way's items not yet handed out: ``range(*left[way])``."""
         self._stopped = False
         self._lock = threading.Lock()
 
-    def take(self, way: int = 0) -> int | None:
+    def take(self, way: int) -> int | None:
         with self._lock:
             if self._stopped:
                 return None
