@@ -52,15 +52,15 @@ zstandard's (1.5.7) on float data here, while below it zstandard's kept context 
 _KINDS = "biufc"
 """numpy kinds the direct path handles: fixed-size numbers and booleans."""
 ONE_CALL_FROM = 32
-"""Calls that decode this many frames or more decompress them in one call that lets go
-of the GIL once, after one numpy walk of their headers (:func:`content_sizes`: 29-59
-µs for 64, a few more for more), then copy them into place. A call per frame, or a
-stream over them, takes the GIL back at every frame's end: with a thread per core each
-decoding a shard, that is a handoff of the GIL a frame (4,096 in a 64 MiB read of
+"""Calls that decode this many frames or more decompress them in one call that lets go of
+the GIL once, after one numpy walk of their headers (:func:`content_sizes`: 29-59 µs
+for 64, a few more for more), and are read where that call put them. A call per frame,
+or a stream over them, takes the GIL back at every frame's end: with a thread per core
+each decoding a shard, that is a handoff of the GIL a frame (4,096 in a 64 MiB read of
 16 KiB chunks): the threads kept 1.68 cores busy, 1.84 with one call a shard, a whole
 64 MiB read of shards of 64 such chunks about 5 % faster (alternated in one process,
-60 rounds twice: 97.6 and 95.9 ms against 102.4 and 103.3; zarrs 73). Fewer frames
-(a slab's row of eight chunks a shard, decoded by the caller's thread alone) are each
+60 rounds twice: 97.6 and 95.9 ms against 102.4 and 103.3; zarrs 73). Fewer frames (a
+slab's row of eight chunks a shard, decoded by the caller's thread alone) are each
 decompressed on their own: the one-shot call checks the frame whole, where a walk of
 the headers in Python cost more than a frame's decode (a 1 MiB slab, alternated, 150
 rounds twice: 4.67 and 4.58 ms against 4.83 and 4.75 streamed after such a walk)."""
@@ -133,17 +133,20 @@ class _Zstd:
         )
         return [memoryview(frames[i]) for i in range(len(frames))]
 
-    def decode_many(self, data: Any, segments: npt.NDArray[np.uint64], size: int, into: memoryview) -> None:
+    def decode_many(
+        self, data: Any, segments: npt.NDArray[np.uint64], size: int, empty: Allocate
+    ) -> npt.NDArray[np.uint8]:
         """The frames at ``segments`` (rows of offset and length; at least one) of
-        ``data`` decompressed side by side into ``into``, each to exactly ``size``
-        bytes: one by one, or in one call that lets go of the GIL once (see
-        ONE_CALL_FROM). Raises ValueError on damage (a frame that does not
-        decompress, or not to ``size`` bytes, or not one whole frame and nothing
-        more: which one, the caller finds out)."""
+        ``data`` decompressed, each to exactly ``size`` bytes, as ``(n, size)`` rows:
+        one by one into the rows ``empty`` gives, or in one call that lets go of the
+        GIL once (see ONE_CALL_FROM), where they stay (read-only). Raises ValueError on
+        damage (a frame that does not decompress, or not to ``size`` bytes, or not one
+        whole frame and nothing more: which one, the caller finds out)."""
         try:
             if len(segments) < ONE_CALL_FROM:
-                self._each_into(memoryview(data), segments.tolist(), size, into)
-                return
+                rows = empty(len(segments), size)
+                self._each_into(memoryview(data), segments.tolist(), size, memoryview(rows.reshape(-1)))
+                return rows
             said = content_sizes(np.frombuffer(data, dtype=np.uint8), segments)
             if said is None:
                 raise ValueError("a chunk's bytes are not one zstd frame and nothing after it")
@@ -153,11 +156,10 @@ class _Zstd:
                 zstandard.BufferWithSegments(data, _native(segments)),
                 decompressed_sizes=np.full(len(segments), size, dtype=np.uint64),
                 threads=1,
-            )
+            )  # (each to exactly its size, or ZstdError)
         except zstandard.ZstdError as exc:
             raise ValueError(str(exc)) from exc
-        for i in range(len(chunks)):
-            into[i * size : (i + 1) * size] = chunks[i]  # (ValueError if not ``size`` bytes)
+        return _side_by_side(chunks, len(segments), size, empty)
 
     def _each_into(self, data: memoryview, pieces: list[list[int]], size: int, into: memoryview) -> None:
         """:meth:`decode_many` of the frames at ``pieces`` one by one, each once the size
@@ -176,6 +178,29 @@ class _Zstd:
             if said != size and said != -1:  # (checked first: zstd makes room for what it says)
                 raise ValueError(f"a frame says it holds {said} bytes, not {size}")
             into[i * size : (i + 1) * size] = decompress(frame, max_output_size=size, allow_extra_data=False)
+
+
+def _side_by_side(chunks: Any, n: int, size: int, empty: Allocate) -> npt.NDArray[np.uint8]:
+    """The ``n`` frames of ``size`` bytes one call of zstandard decompressed (its
+    BufferWithSegmentsCollection), as rows of one array: a view of the buffer that call
+    decompressed them into where they lie there side by side in order, as one thread
+    puts them (checked), else copied into rows ``empty`` gives. zstandard has no view
+    of that whole buffer, only of each frame's part, which keeps the buffer alive: the
+    first part's view is widened to all of them (a copy cost 40 µs and a pass over the
+    bytes a shard of 64 chunks of 16 KiB)."""
+    first = np.frombuffer(chunks[0], dtype=np.uint8)
+    last = np.frombuffer(chunks[n - 1], dtype=np.uint8)
+    if (
+        len(chunks) == n
+        and chunks.size() == n * size
+        and [chunks[i].offset for i in range(n)] == list(range(0, n * size, size))
+        and last.ctypes.data == first.ctypes.data + (n - 1) * size
+    ):
+        return np.lib.stride_tricks.as_strided(first, shape=(n, size), strides=(size, 1), writeable=False)
+    rows = empty(n, size)
+    for i in range(n):
+        rows[i] = np.frombuffer(chunks[i], dtype=np.uint8)
+    return rows
 
 
 def _native(segments: npt.NDArray[np.uint64]) -> bytes:
@@ -269,15 +294,16 @@ class ChunkCodec:
         empty: Allocate = empty_rows,
     ) -> npt.NDArray[Any] | None:
         """The chunks stored at ``segments`` (rows of offset and length) of ``data``,
-        decoded side by side as one ``(n, *shape)`` array, in memory ``empty(n, chunk
-        bytes)`` gives, where the chain does that in one call (None: it does not; decode
-        them one by one). Raises ValueError on damage, without saying which chunk."""
+        decoded side by side as one ``(n, *shape)`` array, where the chain does that in
+        one call (None: it does not; decode them one by one): in memory ``empty(n, chunk
+        bytes)`` gives, or read-only in the memory zstd decompressed many frames into
+        (:meth:`_Zstd.decode_many`). Raises ValueError on damage, without saying which
+        chunk."""
         bulk = self._bulk
         size = self.dtype.itemsize * math.prod(shape)
         if bulk is None or len(segments) == 0 or size == 0:
             return None
-        rows = empty(len(segments), size)
-        bulk.decode_many(data, segments, size, memoryview(rows.reshape(-1)))
+        rows = bulk.decode_many(data, segments, size, empty)
         return rows.view(self.dtype).reshape((len(segments), *shape))
 
     def encode(self, chunk: np.ndarray[Any, Any]) -> bytes:

@@ -5,6 +5,7 @@ damaged chunk raises a ChunkDecodeError naming it, what zarr's codecs raise its 
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from zarr.core.buffer.cpu import NDBuffer
 from zarr.core.dtype import VariableLengthBytes
 
 from shardstore import PIPELINE_PATH, ChunkDecodeError, ShardFormatError, ShardingStore, ShardStoreError
-from shardstore.chunk_codecs import ONE_CALL_FROM, chunk_codec
+from shardstore.chunk_codecs import ONE_CALL_FROM, _side_by_side, chunk_codec
 
 from .helpers import sample
 
@@ -291,9 +292,10 @@ def _streamed_frame(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("count", [4, ONE_CALL_FROM])
 @pytest.mark.parametrize("gap", [0, 3])
-def test_chunks_decode_together_into_the_memory_given(gap: int, count: int) -> None:
-    """A few frames are decoded one by one, many in one call: either way, with gaps
-    between them or not, into the rows the caller's allocator gives."""
+def test_chunks_decode_together_into_the_memory_given_or_zstds(gap: int, count: int) -> None:
+    """A few frames are decoded one by one into the rows the caller's allocator gives;
+    many in one call, into memory zstd allocates, which the rows stay in (read-only):
+    either way, with gaps between the frames or not."""
     codec = _zstd_codec((8, 8), "f4")
     chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)]
     frames = [codec.encode(chunk) for chunk in chunks]
@@ -308,7 +310,65 @@ def test_chunks_decode_together_into_the_memory_given(gap: int, count: int) -> N
 
     decoded = codec.decode_stacked(blob, np.stack([starts, sizes], 1), (8, 8), empty)
     np.testing.assert_array_equal(decoded, np.stack(chunks))
-    assert len(given) == 1 and given[0].shape == (count, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
+    if count < ONE_CALL_FROM:
+        assert (
+            len(given) == 1 and given[0].shape == (count, 8 * 8 * 4) and np.shares_memory(decoded, given[0])
+        )
+    else:
+        assert given == [] and not decoded.flags.writeable
+
+
+def test_rows_of_one_call_outlive_the_call_and_its_buffers_objects() -> None:
+    """The rows one call decoded are a view of zstd's buffer: they keep it alive after
+    every object of the call is gone and the memory around is reused."""
+    codec = _zstd_codec((64,), "f8")
+    chunks = np.stack([sample((64,), "f8", seed=i) for i in range(ONE_CALL_FROM)])
+    frames = codec.encode_stacked(chunks, range(ONE_CALL_FROM))
+    sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
+    segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
+    blob = b"".join(bytes(f) for f in frames)
+    kept = [codec.decode_stacked(blob, segments, (64,)) for _ in range(20)]
+    gc.collect()
+    churn = [np.full(1 << 17, i, dtype=np.uint8) for i in range(64)]  # (freed memory reused)
+    assert len(churn) == 64
+    for decoded in kept:
+        np.testing.assert_array_equal(decoded, chunks)
+
+
+class _Part(bytes):
+    """A stand-in for a part of zstandard's decompressed buffer (its offset there)."""
+
+    offset: int
+
+
+def _parts(pieces: list[bytes], offsets: list[int]) -> Any:
+    """A stand-in for zstandard's BufferWithSegmentsCollection of ``pieces``."""
+
+    class Parts(list[_Part]):
+        def size(self) -> int:
+            return sum(len(part) for part in self)
+
+    parts = Parts(_Part(piece) for piece in pieces)
+    for part, offset in zip(parts, offsets, strict=True):
+        part.offset = offset
+    return parts
+
+
+@pytest.mark.parametrize("offsets", [[0, 0, 0, 0], [0, 8, 16, 24]], ids=["buffers apart", "offsets alone"])
+def test_frames_not_side_by_side_are_copied_into_the_rows_given(offsets: list[int]) -> None:
+    """Where the frames one call decompressed do not lie side by side in order in one
+    buffer (each in one of its own; or at the offsets they would have, but in memory
+    apart), they are copied into the rows the caller's allocator gives."""
+    pieces = [bytes([i]) * 8 for i in range(4)]
+    given: list[np.ndarray] = []
+
+    def empty(count: int, nbytes: int) -> np.ndarray:
+        given.append(np.empty((count, nbytes), dtype=np.uint8))
+        return given[-1]
+
+    rows = _side_by_side(_parts(pieces, offsets), 4, 8, empty)
+    assert len(given) == 1 and np.shares_memory(rows, given[0])
+    assert [bytes(row) for row in rows] == pieces
 
 
 def test_many_frames_decode_in_one_call_a_few_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
