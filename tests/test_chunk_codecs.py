@@ -335,40 +335,36 @@ def test_rows_of_one_call_outlive_the_call_and_its_buffers_objects() -> None:
         np.testing.assert_array_equal(decoded, chunks)
 
 
-class _Part(bytes):
-    """A stand-in for a part of zstandard's decompressed buffer (its offset there)."""
+class _Parts(list[Any]):
+    """A stand-in for zstandard's BufferWithSegmentsCollection: bytes-like parts."""
 
-    offset: int
-
-
-def _parts(pieces: list[bytes], offsets: list[int]) -> Any:
-    """A stand-in for zstandard's BufferWithSegmentsCollection of ``pieces``."""
-
-    class Parts(list[_Part]):
-        def size(self) -> int:
-            return sum(len(part) for part in self)
-
-    parts = Parts(_Part(piece) for piece in pieces)
-    for part, offset in zip(parts, offsets, strict=True):
-        part.offset = offset
-    return parts
+    def size(self) -> int:
+        return sum(memoryview(part).nbytes for part in self)
 
 
-@pytest.mark.parametrize("offsets", [[0, 0, 0, 0], [0, 8, 16, 24]], ids=["buffers apart", "offsets alone"])
-def test_frames_not_side_by_side_are_copied_into_the_rows_given(offsets: list[int]) -> None:
-    """Where the frames one call decompressed do not lie side by side in order in one
-    buffer (each in one of its own; or at the offsets they would have, but in memory
-    apart), they are copied into the rows the caller's allocator gives."""
+@pytest.mark.parametrize("together", [True, False], ids=["side by side", "apart"])
+def test_frames_side_by_side_are_viewed_others_copied_into_the_rows_given(together: bool) -> None:
+    """Frames one call decompressed that lie side by side in one buffer are a view of
+    it, which keeps it alive; others (each in memory of its own) are copied into the
+    rows the caller's allocator gives."""
     pieces = [bytes([i]) * 8 for i in range(4)]
+    whole = b"".join(pieces)
+    parts = _Parts(memoryview(whole)[i * 8 : (i + 1) * 8] if together else pieces[i] for i in range(4))
     given: list[np.ndarray] = []
 
     def empty(count: int, nbytes: int) -> np.ndarray:
         given.append(np.empty((count, nbytes), dtype=np.uint8))
         return given[-1]
 
-    rows = _side_by_side(_parts(pieces, offsets), 4, 8, empty)
-    assert len(given) == 1 and np.shares_memory(rows, given[0])
+    rows = _side_by_side(parts, 4, 8, empty)
+    del parts
+    gc.collect()
     assert [bytes(row) for row in rows] == pieces
+    if together:
+        assert given == [] and not rows.flags.writeable
+        assert np.shares_memory(rows, np.frombuffer(whole, dtype=np.uint8))
+    else:
+        assert len(given) == 1 and np.shares_memory(rows, given[0])
 
 
 def test_many_frames_decode_in_one_call_a_few_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
