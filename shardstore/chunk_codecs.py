@@ -189,8 +189,8 @@ def _side_by_side(chunks: Any, n: int, size: int, empty: Allocate) -> npt.NDArra
     the first part's address, and keeps the collection, which keeps the buffer, alive
     (a copy cost 40 µs and a pass over the bytes a shard of 64 chunks of 16 KiB; this,
     10 µs)."""
-    first, last = _address(chunks[0]), _address(chunks[n - 1])
-    if len(chunks) == n and chunks.size() == n * size and last == first + (n - 1) * size:
+    first = _address(chunks[0])
+    if len(chunks) == n and chunks.size() == n * size and _address(chunks[n - 1]) == first + (n - 1) * size:
         return np.asarray(_Rows(chunks, first, n, size))
     rows = empty(n, size)
     for i in range(n):
