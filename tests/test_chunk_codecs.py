@@ -335,21 +335,43 @@ def test_rows_of_one_call_outlive_the_call_and_its_buffers_objects() -> None:
         np.testing.assert_array_equal(decoded, chunks)
 
 
-class _Parts(list[Any]):
-    """A stand-in for zstandard's BufferWithSegmentsCollection: bytes-like parts."""
+class _Part(np.ndarray):
+    """A stand-in for a frame's part of a buffer zstandard decompressed into: its bytes
+    and its offset in that buffer."""
+
+    offset: int
+
+
+class _Parts(list[_Part]):
+    """A stand-in for zstandard's BufferWithSegmentsCollection."""
 
     def size(self) -> int:
-        return sum(memoryview(part).nbytes for part in self)
+        return sum(part.nbytes for part in self)
 
 
-@pytest.mark.parametrize("together", [True, False], ids=["side by side", "apart"])
-def test_frames_side_by_side_are_viewed_others_copied_into_the_rows_given(together: bool) -> None:
+def _part(memory: np.ndarray, offset: int) -> _Part:
+    part = memory.view(_Part)
+    part.offset = offset
+    return part
+
+
+@pytest.mark.parametrize("layout", ["one buffer", "apart", "ends lined up"])
+def test_frames_in_one_buffer_are_viewed_others_copied_into_the_rows_given(layout: str) -> None:
     """Frames one call decompressed that lie side by side in one buffer are a view of
-    it, which keeps it alive; others (each in memory of its own) are copied into the
-    rows the caller's allocator gives."""
+    it, which keeps it alive; others are copied into the rows the caller's allocator
+    gives: each in a buffer of its own, or in several buffers with the first frame and
+    the last where they would be in one (the frames between elsewhere)."""
     pieces = [bytes([i]) * 8 for i in range(4)]
-    whole = b"".join(pieces)
-    parts = _Parts(memoryview(whole)[i * 8 : (i + 1) * 8] if together else pieces[i] for i in range(4))
+    memory = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    own = [np.frombuffer(piece, dtype=np.uint8) for piece in pieces]
+    if layout == "one buffer":
+        parts = _Parts(_part(memory[i * 8 : (i + 1) * 8], i * 8) for i in range(4))
+    elif layout == "apart":
+        parts = _Parts(_part(own[i], 0) for i in range(4))
+    else:  # the last frame a buffer of its own, which happens to follow the first's
+        junk = np.full(32, 0xAB, dtype=np.uint8)
+        junk[:8], junk[24:] = own[0], own[3]
+        parts = _Parts([_part(junk[:8], 0), _part(own[1], 0), _part(own[2], 0), _part(junk[24:], 0)])
     given: list[np.ndarray] = []
 
     def empty(count: int, nbytes: int) -> np.ndarray:
@@ -360,11 +382,27 @@ def test_frames_side_by_side_are_viewed_others_copied_into_the_rows_given(togeth
     del parts
     gc.collect()
     assert [bytes(row) for row in rows] == pieces
-    if together:
-        assert given == [] and not rows.flags.writeable
-        assert np.shares_memory(rows, np.frombuffer(whole, dtype=np.uint8))
+    if layout == "one buffer":
+        assert given == [] and not rows.flags.writeable and np.shares_memory(rows, memory)
     else:
         assert len(given) == 1 and np.shares_memory(rows, given[0])
+
+
+def test_frames_that_compress_well_come_in_several_buffers_and_decode_alike() -> None:
+    """zstandard puts frames that compress well in several buffers of one call (its
+    first sized by the compressed bytes): they are copied, and decode as those that
+    hardly compress, which are viewed."""
+    codec = _zstd_codec((32, 32), "f4")
+    noisy = np.stack([sample((32, 32), "f8", seed=i).astype("f4") for i in range(ONE_CALL_FROM)])
+    smooth = np.stack([np.full((32, 32), i, dtype="f4") for i in range(ONE_CALL_FROM)])
+    for chunks, viewed in ((noisy, True), (smooth, False)):
+        frames = codec.encode_stacked(chunks, range(ONE_CALL_FROM))
+        sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
+        segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
+        decoded = codec.decode_stacked(b"".join(bytes(f) for f in frames), segments, (32, 32))
+        assert decoded is not None
+        np.testing.assert_array_equal(decoded, chunks)
+        assert decoded.flags.writeable is not viewed
 
 
 def test_many_frames_decode_in_one_call_a_few_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
