@@ -262,9 +262,7 @@ def test_chunks_encoded_together_are_the_frames_each_gets_alone_and_decode_toget
     places = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
     together = codec.encode_stacked(stacked, places)
     assert [bytes(frame) for frame in together] == [codec.encode(stacked[p]) for p in places]
-    blob = b"".join(bytes(frame) for frame in together)
-    sizes = np.array([len(bytes(frame)) for frame in together], dtype=np.uint64)
-    segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
+    blob, segments = _joined(together)
     decoded = codec.decode_stacked(blob, segments, shape)
     assert decoded is not None
     np.testing.assert_array_equal(decoded, stacked[places])
@@ -274,12 +272,15 @@ def test_chunks_encoded_together_are_the_frames_each_gets_alone_and_decode_toget
 def test_chunks_decode_together_from_frames_without_their_size(count: int) -> None:
     codec = _zstd_codec((8, 8), "f4")
     chunks = [(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)]
-    frames = []
-    for chunk in chunks:
-        frames.append(_streamed_frame(chunk.tobytes()))
-    sizes = np.array([len(f) for f in frames], dtype=np.uint64)
-    decoded = codec.decode_stacked(b"".join(frames), np.stack([np.cumsum(sizes) - sizes, sizes], 1), (8, 8))
+    decoded = codec.decode_stacked(*_joined(_streamed_frame(chunk.tobytes()) for chunk in chunks), (8, 8))
     np.testing.assert_array_equal(decoded, np.stack(chunks))
+
+
+def _joined(frames: Any) -> tuple[bytes, np.ndarray]:
+    """Frames one after another, and their segments (rows of offset and length)."""
+    pieces = [bytes(frame) for frame in frames]
+    sizes = np.array([len(piece) for piece in pieces], dtype=np.uint64)
+    return b"".join(pieces), np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
 
 
 def _streamed_frame(data: bytes) -> bytes:
@@ -323,10 +324,7 @@ def test_rows_of_one_call_outlive_the_call_and_its_buffers_objects() -> None:
     every object of the call is gone and the memory around is reused."""
     codec = _zstd_codec((64,), "f8")
     chunks = np.stack([sample((64,), "f8", seed=i) for i in range(ONE_CALL_FROM)])
-    frames = codec.encode_stacked(chunks, range(ONE_CALL_FROM))
-    sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
-    segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
-    blob = b"".join(bytes(f) for f in frames)
+    blob, segments = _joined(codec.encode_stacked(chunks, range(ONE_CALL_FROM)))
     kept = [codec.decode_stacked(blob, segments, (64,)) for _ in range(20)]
     gc.collect()
     churn = [np.full(1 << 17, i, dtype=np.uint8) for i in range(64)]  # (freed memory reused)
@@ -396,10 +394,7 @@ def test_frames_that_compress_well_come_in_several_buffers_and_decode_alike() ->
     noisy = np.stack([sample((32, 32), "f8", seed=i).astype("f4") for i in range(ONE_CALL_FROM)])
     smooth = np.stack([np.full((32, 32), i, dtype="f4") for i in range(ONE_CALL_FROM)])
     for chunks, viewed in ((noisy, True), (smooth, False)):
-        frames = codec.encode_stacked(chunks, range(ONE_CALL_FROM))
-        sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
-        segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
-        decoded = codec.decode_stacked(b"".join(bytes(f) for f in frames), segments, (32, 32))
+        decoded = codec.decode_stacked(*_joined(codec.encode_stacked(chunks, range(ONE_CALL_FROM))), (32, 32))
         assert decoded is not None
         np.testing.assert_array_equal(decoded, chunks)
         assert decoded.flags.writeable is not viewed
@@ -421,10 +416,7 @@ def test_many_frames_decode_in_one_call_a_few_one_by_one(monkeypatch: pytest.Mon
     codec = _zstd_codec((8, 8), "f4")
     for count in (ONE_CALL_FROM - 1, ONE_CALL_FROM):
         chunks = np.stack([(sample((8, 8), "f8", seed=i) * 9).astype("f4") for i in range(count)])
-        frames = codec.encode_stacked(chunks, range(count))
-        sizes = np.array([len(bytes(f)) for f in frames], dtype=np.uint64)
-        segments = np.stack([np.cumsum(sizes) - sizes, sizes], axis=1)
-        decoded = codec.decode_stacked(b"".join(bytes(f) for f in frames), segments, (8, 8))
+        decoded = codec.decode_stacked(*_joined(codec.encode_stacked(chunks, range(count))), (8, 8))
         np.testing.assert_array_equal(decoded, chunks)
     assert each == [ONE_CALL_FROM - 1]
 
