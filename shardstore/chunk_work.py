@@ -32,7 +32,9 @@ __all__ = [
     "REPORTS",
     "ShardPart",
     "all_fill",
+    "block_of_value",
     "decode_into",
+    "encode_block",
     "encode_shards",
     "merge_and_encode",
     "new_chunk",
@@ -310,16 +312,11 @@ def encode_shards(
     whose old bytes do not decode go to ``failed`` (with those bytes)."""
     source: Any = value.as_ndarray_like()
     spec = chunks[0][1]
-    shape = tuple(spec.shape)
-    small = codec.raw or codec.dtype.itemsize * math.prod(shape) <= JOINED_CHUNK_BYTES
     wholes: dict[int, npt.NDArray[Any]] = {}
-    if block is not None and source.shape != () and small:  # (big chunks: each from the value)
-        for k in part:
-            box = shards[k][3]
-            if is_block(box, block):
-                whole = block_view(source, box.corner, block, shape)
-                if whole is not None:
-                    wholes[k] = whole
+    for k in part:
+        whole = block_of_value(codec, spec, source, shards[k][3], block)
+        if whole is not None:
+            wholes[k] = whole
     # built in place: only shards none of whose chunks may be the fill value (an
     # emptied chunk would leave its shard in the allocation, held until all are committed)
     full = [k for k, whole in wholes.items() if not _may_hold_fill(whole, spec)]
@@ -340,6 +337,34 @@ def encode_shards(
             except Exception:
                 failed.append((n, None if old is None else bytes(old)))
         encoded[k] = values
+
+
+def block_of_value(
+    codec: ChunkCodec, spec: ArraySpec, source: Any, box: Box | None, block: tuple[int, ...] | None
+) -> npt.NDArray[Any] | None:
+    """The region of the value ``source`` that is a shard's whole block (``box``), viewed
+    as ``(b0, c0, b1, c1, ...)``, where its chunks are encoded from one copy of it
+    (:func:`encode_block`); None elsewhere: big chunks are each encoded from the value,
+    and a block the array's edge cuts is not whole."""
+    shape = tuple(spec.shape)
+    small = codec.raw or codec.dtype.itemsize * math.prod(shape) <= JOINED_CHUNK_BYTES
+    if block is not None and source.shape != () and small and is_block(box, block):
+        return block_view(source, box.corner, block, shape)
+    return None
+
+
+def encode_block(
+    codec: ChunkCodec,
+    whole: npt.NDArray[Any],
+    block: tuple[int, ...],
+    spec: ArraySpec,
+    shard_format: ShardFormat | None,
+    empty: Allocate,
+) -> dict[int, Any] | BuiltShard:
+    """One shard's chunks encoded from its whole block (:func:`block_of_value`), as
+    :func:`encode_shards` does: on its own, by the commit that writes it."""
+    dense = [] if _may_hold_fill(whole, spec) else _dense_shards(codec, spec, shard_format, 1, empty)
+    return _block_chunks(codec, whole, block, spec, dense[0] if dense else None)
 
 
 def _dense_shards(

@@ -18,7 +18,7 @@ from shardstore.metadata_gateway import MetadataGateway
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.reading.reader import EachShard, ShardReader
 from shardstore.routing import KeyRouter, RoutedChunks
-from shardstore.writing.updates import BuiltShard
+from shardstore.writing.updates import BuiltShard, ShardToBuild
 from shardstore.writing.writer import ShardWriter
 
 __all__ = ["StoreInternals"]
@@ -83,17 +83,18 @@ class StoreInternals:
         return await self._router.route_many(keys)
 
     async def write_shards(
-        self, updates: Sequence[tuple[ShardAddress, dict[int, bytes | None] | BuiltShard]]
+        self, updates: Sequence[tuple[ShardAddress, dict[int, bytes | None] | BuiltShard | ShardToBuild]]
     ) -> None:
         """New values (None: erase) of chunks of several shards by place, or shards built
-        whole, one commit per shard, concurrently; done when all are durable (a shard
-        whose every chunk is given is written without reading it)."""
+        whole, or to build whole by their commits, one commit per shard, concurrently;
+        done when all are durable (a shard whose every chunk is given is written
+        without reading it)."""
         await self._writer.write_all(
             {
                 shard.key: (
                     shard,
                     values
-                    if isinstance(values, BuiltShard)
+                    if isinstance(values, BuiltShard | ShardToBuild)
                     else {place: [value] for place, value in values.items()},
                 )
                 for shard, values in updates

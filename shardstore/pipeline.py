@@ -10,10 +10,11 @@ the whole selection: it groups its chunks by shard (a selection of a few
 chunks goes through the store chunk by chunk: :func:`_chunk_by_chunk`) and works on
 ``fetch_concurrency`` shards (HELD_MAX_BYTES at most) at a time in two groups, with
 one batched read per group (the next group's read under way while this one decodes;
-the next group encoded while this one commits) and one commit per shard, done when
-durable. The common codec chains are decoded straight into the
-output and encoded straight from the value (:mod:`shardstore.chunk_codecs`),
-a thread per core. For an array that zarr shards itself it is zarr's
+the next group encoded while this one commits; where the inner store makes its
+changes on worker threads, each shard whose whole block the value gives is encoded
+by its own commit instead) and one commit per shard, done when durable. The common
+codec chains are decoded straight into the output and encoded straight from the
+value (:mod:`shardstore.chunk_codecs`), a thread per core. For an array that zarr shards itself it is zarr's
 :class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
 other store zarr gets the pipeline it would build without shardstore — that
 batched pipeline, or the one ``codec_pipeline.fallback_path`` names, so
@@ -63,6 +64,8 @@ from shardstore.chunk_codecs import ChunkCodec, chunk_codec
 from shardstore.chunk_work import (
     REPORTS,
     ShardPart,
+    block_of_value,
+    encode_block,
     encode_shards,
     merge_and_encode,
     scatter_chunks,
@@ -77,7 +80,7 @@ from shardstore.routing import RoutedChunks
 from shardstore.shard_buffers import ShardBuffers
 from shardstore.store import ShardingStore
 from shardstore.tasks import in_threads
-from shardstore.writing.updates import BuiltShard
+from shardstore.writing.updates import BuiltShard, ShardToBuild
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
 
@@ -353,31 +356,62 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         part read first (one batch per group), each shard's chunks encoded from
         ``value`` by a thread per core (a shard stored raw that is a whole block of
         the value cut out in one copy), each shard committed once; the next group
-        encodes while this one commits."""
+        encodes while this one commits. Shards whose whole block the value gives are
+        encoded by their commits where the inner store makes those on worker
+        threads (:class:`ShardToBuild`: local files)."""
         internals = store.internals
         members = _members(routed)
         boxes = _boxes(chunks, routed, drop_axes)
         held = REMOTE_WRITE_GROUPS if internals.raw.capabilities.remote else 2
-        groups = _groups(routed, internals.fetch_concurrency, held=held)
+        spec = chunks[0][1]
+        source = value.as_ndarray_like()
+        # shards whose whole block the value gives are encoded by their commits, where
+        # those are made on worker threads (see ShardToBuild): if all are, one group,
+        # since nothing of it is held but a shard per thread
+        wholes = (
+            [block_of_value(codec, spec, source, box, routed.block) for box in boxes]
+            if boxes is not None and internals.raw.capabilities.changes_in_threads
+            else [None] * len(routed.shards)
+        )
+        groups = (
+            [range(len(routed.shards))]
+            if all(whole is not None for whole in wholes)
+            else _groups(routed, internals.fetch_concurrency, held=held)
+        )
         buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
-        async def encoded(group: range) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard]]:
+        async def encoded(
+            group: range,
+        ) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard | ShardToBuild]]:
             cut = [(s, members[s][~complete[members[s]]]) for s in group]  # chunks covered in part
             partial = [(s, wanted) for s, wanted in cut if len(wanted)]
             read = await internals.read_shards(_wanted(chunks, routed, partial)) if partial else []
             snapshots = dict(zip([s for s, _ in partial], read, strict=True))
             parts = _parts(routed, members, boxes, group, [snapshots.get(s) for s in group])
-            new: list[dict[int, Any] | BuiltShard] = [{} for _ in parts]
+            shard_format = routed.shards[group[0]].shard_format
+            new: list[dict[int, Any] | BuiltShard | ShardToBuild] = [{} for _ in parts]
+            for k, s in enumerate(group):
+                whole = wholes[s]
+                if whole is not None:
+                    assert routed.block is not None
+                    build = functools.partial(
+                        encode_block, codec, whole, routed.block, spec, shard_format, buffers.empty
+                    )
+                    new[k] = ShardToBuild(build)
+            now = [k for k, values in enumerate(new) if not isinstance(values, ShardToBuild)]
+            encoded_now: list[dict[int, Any] | BuiltShard] = [{} for _ in now]
             failed: list[tuple[int, bytes | None]] = []
             encode = functools.partial(
-                encode_shards, codec, chunks, parts, routed.block, value=value, drop_axes=drop_axes,
-                encoded=new, failed=failed, shard_format=routed.shards[group[0]].shard_format,
+                encode_shards, codec, chunks, [parts[k] for k in now], routed.block, value=value,
+                drop_axes=drop_axes, encoded=encoded_now, failed=failed, shard_format=shard_format,
                 empty=buffers.empty,
             )  # fmt: skip
             await in_threads(
-                encode, len(parts), nbytes=_nbytes(codec, chunks, sum(len(part[0]) for part in parts))
+                encode, len(now), nbytes=_nbytes(codec, chunks, sum(len(parts[k][0]) for k in now))
             )
+            for k, encoding in zip(now, encoded_now, strict=True):
+                new[k] = encoding
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
                 await self._write_by_zarr(items, value, drop_axes)
@@ -388,7 +422,9 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     for _, written in held.written:
                         k, place = where[n]
                         values = new[k]
-                        assert not isinstance(values, BuiltShard)  # (only shards read in part fail)
+                        assert not isinstance(
+                            values, BuiltShard | ShardToBuild
+                        )  # (only shards read in part fail)
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 

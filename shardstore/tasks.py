@@ -111,7 +111,12 @@ _helpers: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 async def in_threads(
-    work: Callable[[range], None], n: int, *, nbytes: int | None = None, at_most: int | None = None
+    work: Callable[[range], None],
+    n: int,
+    *,
+    nbytes: int | None = None,
+    at_most: int | None = None,
+    extra: int = 0,
 ) -> None:
     """``work`` over ``range(n)`` by a thread per core (for work that releases the GIL:
     codecs, system calls); all of it begun has ended when this returns or raises (the
@@ -122,7 +127,9 @@ async def in_threads(
     :class:`_Cursor`), a slice per core, the caller's thread doing the first and
     waiting for the others (less, on SHARED_FROM_CORES or more), or the caller's
     thread doing all of it (less than ALONE_BELOW_BYTES, or than SHARED_FROM_BYTES on
-    fewer cores). ``at_most``: so many threads at most, where the caller says."""
+    fewer cores). ``at_most``: so many threads at most, where the caller says; ``extra``:
+    so many worker threads more than that, for work that waits in the kernel part of
+    its time (commits to local files), so that the cores are kept busy meanwhile."""
     if n == 0:
         return
     size = SHARED_FROM_BYTES if nbytes is None else nbytes
@@ -135,7 +142,7 @@ async def in_threads(
         step = -(-n // cores)
         _shared(work, [range(i, min(i + step, n)) for i in range(0, n, step)])
         return
-    ways = min(n, cores)
+    ways = min(n, cores + extra)
     cursor = _Cursor(n, ways)
     loop = asyncio.get_running_loop()
     # (futures, not tasks: asyncio.run's teardown cancels every task, and a cancelled

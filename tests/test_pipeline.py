@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,9 +121,11 @@ class _CommitSizes(LocalInner):
     """A local directory that records how many shards each commit call gives it, and
     may say it is remote (each request a round trip)."""
 
-    def __init__(self, root: str, *, remote: bool) -> None:
+    def __init__(self, root: str, *, remote: bool, by_commit: bool = False) -> None:
         super().__init__(root)
-        self.capabilities = dataclasses.replace(LocalInner.capabilities, remote=remote)
+        self.capabilities = dataclasses.replace(
+            LocalInner.capabilities, remote=remote, changes_in_threads=by_commit
+        )
         self.sizes: list[int] = []
 
     async def update_many(self, changes: Any, **kwargs: Any) -> list[Exception | None]:
@@ -131,21 +134,127 @@ class _CommitSizes(LocalInner):
 
 
 @pytest.mark.usefixtures("groups_by_count", "pipeline")
-@pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize(("remote", "by_commit"), [(False, False), (True, False), (False, True)])
 def test_a_whole_write_commits_half_fetch_concurrency_shards_a_group_or_a_quarter_remotely(
-    tmp_path: Path, remote: bool
+    tmp_path: Path, remote: bool, by_commit: bool
 ) -> None:
     """Locally the next group is encoded while one commits (more commits at once only
     contend for the cores); on a remote store while up to three commit, each waiting
-    on round trips. Either way ``fetch_concurrency`` shards at most are held."""
-    inner = _CommitSizes(str(tmp_path / "s"), remote=remote)
+    on round trips. Either way ``fetch_concurrency`` shards at most are held. Where
+    each commit encodes its own shard (changes made on worker threads), no encoded
+    shard is held and every shard goes in one call."""
+    inner = _CommitSizes(str(tmp_path / "s"), remote=remote, by_commit=by_commit)
     store = ShardingStore(inner, (2, 2), fetch_concurrency=8)
     data = sample((64, 64), "f4")
     arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
     inner.sizes.clear()
     arr[:] = data  # 16 shards
-    assert inner.sizes == ([2] * 8 if remote else [4] * 4)
+    assert inner.sizes == ([16] if by_commit else [2] * 8 if remote else [4] * 4)
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
+    inner.sizes.clear()
+    arr[:, 4:] = data[:, 4:] + 1  # no shard's whole block: encoded ahead in groups as ever
+    assert inner.sizes == ([2] * 8 if remote else [4] * 4)
+
+
+def _encodings_in_commits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
+    """For each shard encoded whole (``encode_block``): whether it was in a local
+    commit (under the shard's lock), and on the event loop's thread."""
+    import shardstore.inner.local
+
+    seen: list[tuple[bool, bool]] = []
+    committing = threading.local()
+    real_encode, real_update = shardstore.pipeline.encode_block, LocalInner._update
+
+    def encode(*args: Any) -> Any:
+        seen.append(
+            (getattr(committing, "now", False), threading.current_thread() is threading.main_thread())
+        )
+        return real_encode(*args)
+
+    def update(self: LocalInner, *args: Any) -> int:
+        committing.now = True
+        try:
+            return real_update(self, *args)
+        finally:
+            committing.now = False
+
+    monkeypatch.setattr(shardstore.pipeline, "encode_block", encode)
+    monkeypatch.setattr(shardstore.inner.local.LocalInner, "_update", update)
+    return seen
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_whole_write_to_local_files_encodes_each_shard_in_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard whose whole block a write gives is encoded by its commit, on a worker
+    thread, under the shard's lock: one read-free write per shard, as before; a write
+    in a batch builds its shards first, then hands them to the batch."""
+    seen = _encodings_in_commits(monkeypatch)
+    store, inner = _counted(tmp_path)
+    data = sample((64, 64), "f4")
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    inner.counts.reset()
+    arr[:] = data
+    assert (inner.counts.reads, inner.counts.writes) == (0, 2 * 2)  # 8x8 chunks, 4x4 per shard
+    assert seen == [(True, False)] * 4
+    seen.clear()
+    with store.batch():
+        arr[:] = data + 1
+    assert inner.counts.writes == 8 and len(seen) == 4 and not any(in_commit for in_commit, _ in seen)
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data + 1)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_shard_whose_encoding_fails_in_its_commit_is_left_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The encoding's own error is raised (as by an encoding ahead of the commit), the
+    shard it was for keeps its previous contents, and no lock file is left."""
+    store = ShardingStore(str(tmp_path / "s"), (4, 4))
+    data = sample((64, 64), "f4")  # 8 x 8 chunks: routed at once
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    arr[:] = data
+    real = shardstore.pipeline.encode_block
+
+    def failing(*args: Any) -> Any:
+        raise MemoryError("no room to encode")
+
+    monkeypatch.setattr(shardstore.pipeline, "encode_block", failing)
+    with pytest.raises(MemoryError, match="no room to encode"):
+        arr[:] = data + 1
+    monkeypatch.setattr(shardstore.pipeline, "encode_block", real)
+    reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
+    np.testing.assert_array_equal(reopened[:], data)
+    assert not [p for p in (tmp_path / "s").rglob("*") if p.name.startswith(".")]
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_whole_write_holds_a_shard_a_commit_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards encoded by their commits are let go of as each is written: a whole write
+    holds a shard per commit thread (a thread per core and one more), not a group of
+    ``fetch_concurrency`` encoded shards."""
+    import tracemalloc
+
+    import shardstore.tasks
+
+    monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
+    shard_nbytes = 4 * 4 * 128 * 128 * 4  # 4 x 4 chunks of 128 x 128 float32, uncompressed: 1 MiB
+    store = ShardingStore(str(tmp_path / "s"), (4, 4), fetch_concurrency=32)
+    data = sample((2048, 2048), "f4")  # 16 shards, 16 MiB
+    arr = zarr.create_array(
+        store, name="a", shape=data.shape, chunks=(128, 128), dtype="f4", compressors=None
+    )
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        arr[:] = data
+        wrote = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(arr[:], data)
+    assert wrote <= (2 + 1 + 1) * shard_nbytes, wrote  # (+1: a shard's room and zarr's bookkeeping)
 
 
 @pytest.mark.usefixtures("pipeline")

@@ -200,6 +200,22 @@ def test_in_threads_shares_the_work_out_and_raises_only_once_every_item_begun_ha
     assert ended.is_set()
 
 
+def test_in_threads_runs_extra_threads_beyond_the_cores_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``extra``: so many threads more than the cores work at once (a barrier only so
+    many parties pass), and no more: a thread per core is the default."""
+    monkeypatch.setattr(tasks, "available_cores", lambda: 2)
+    for extra in (0, 1):
+        together = threading.Barrier(2 + extra, timeout=30)
+        threads: set[int] = set()
+
+        def work(part: range, together: threading.Barrier = together, threads: set[int] = threads) -> None:
+            threads.add(threading.get_ident())
+            together.wait()
+
+        asyncio.run(tasks.in_threads(work, 2 + extra, extra=extra))
+        assert len(threads) == 2 + extra
+
+
 def test_a_thread_held_up_leaves_the_items_it_has_not_begun_to_the_others(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -175,6 +175,12 @@ class Capabilities:
     in the CPU's cache. Object stores hand each response to a thread per core at most
     while the others are still awaited: the work is done during the round trips.
     Elsewhere ``then`` runs on the caller's thread once the batch is read."""
+    changes_in_threads: bool = False
+    """:meth:`InnerStore.update` and :meth:`InnerStore.update_many` call each change on
+    a worker thread (local files: a thread per core), so a change may do work that lets
+    go of the GIL, a shard's encoding, right before its object is written (see
+    :class:`~shardstore.writing.updates.ShardToBuild`). Elsewhere a change may run on
+    the event loop's thread, and must be quick."""
     merged_by_key: bool = False
     """Writes here are merged with other writers' later, object by object, the last
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a

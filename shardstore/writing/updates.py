@@ -12,6 +12,7 @@ from shardstore.formats.base import ShardFormat
 
 __all__ = [
     "BuiltShard",
+    "ShardToBuild",
     "ShardUpdates",
     "Splice",
     "Update",
@@ -59,6 +60,22 @@ class BuiltShard:
         """Its chunks as updates (views of ``blob``), to merge with others."""
         size = self.chunk_nbytes
         return {p: [self.data[p * size : (p + 1) * size]] for p in range(len(self.data) // size)}
+
+
+@dataclass(frozen=True)
+class ShardToBuild:
+    """A shard every chunk of which a write decides, encoded by its own commit: where the
+    inner store makes each change on a worker thread (``Capabilities.changes_in_threads``)
+    a thread encodes a shard and writes it at once, so no thread waits for a group's
+    encoding to end before its commits begin, and no encoded group is held."""
+
+    build: Callable[[], dict[int, bytes | memoryview | None] | BuiltShard]
+    """The shard's chunks by place (None: no chunk), or the shard built whole."""
+
+    def updates(self) -> ShardUpdates | BuiltShard:
+        """Built now (on the caller's thread), as :class:`BuiltShard` or updates."""
+        built = self.build()
+        return built if isinstance(built, BuiltShard) else {place: [value] for place, value in built.items()}
 
 
 def apply_updates(old: bytes | memoryview | None, updates: list[Update]) -> bytes | memoryview | None:

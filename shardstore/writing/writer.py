@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeAlias, TypeVar, cast
 
 import zarr
 from zarr.core.sync import sync
@@ -40,6 +40,7 @@ from shardstore.writing.batch_buffer import Held, WriteBuffer
 from shardstore.writing.commit_queue import CommitQueue, outcome
 from shardstore.writing.updates import (
     BuiltShard,
+    ShardToBuild,
     ShardUpdates,
     Update,
     apply_updates,
@@ -50,11 +51,15 @@ from shardstore.writing.updates import (
     replaces_shard,
 )
 
-__all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardWriter"]
+__all__ = ["DEFAULT_BATCH_BYTES", "BatchScope", "ShardChanges", "ShardWriter"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BYTES = 512 * 2**20
+
+ShardChanges: TypeAlias = ShardUpdates | BuiltShard | ShardToBuild
+"""What a write gives one shard: updates to its chunks, or the shard built whole, or to
+build (see :class:`ShardToBuild`)."""
 
 
 def _zarr_slots() -> int:
@@ -87,6 +92,30 @@ def _rebuilt(
     if as_pieces:
         return cast(bytes | None, rebuilt_pieces(fmt, key, old, updates, keep_empty=keep_empty))
     return rebuilt_shard(fmt, key, old, updates, keep_empty=keep_empty)
+
+
+class _EncodingFailed(ShardStoreError):
+    """What a shard's encoding in its commit raised (``error``), carried past the inner
+    store's wrapping of its own failures, to be raised as it is, as it would be by an
+    encoding before the commit."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _built_now(
+    shard: ShardAddress, build: ShardToBuild, keep_empty: bool, as_is: bool, old: bytes | None
+) -> bytes | None:
+    """A shard encoded by its commit (:class:`ShardToBuild`), as :func:`_built` or
+    :func:`_rebuilt` gives it."""
+    try:
+        built = build.updates()
+    except Exception as exc:
+        raise _EncodingFailed(exc) from exc
+    if isinstance(built, BuiltShard):
+        return _built(built.blob, not as_is, old)
+    return _rebuilt(shard, built, keep_empty, as_is, old)
 
 
 def _cut_off(shard_key: str) -> ShardStoreError:
@@ -187,28 +216,31 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
-    async def write_all(self, by_shard: Mapping[str, tuple[ShardAddress, ShardUpdates | BuiltShard]]) -> None:
-        """Updates to several shards (or shards built whole), one commit each,
-        concurrently. Outside a batch the shards the updates replace whole, and that
-        no commit of this store is pending for, are committed together
+    async def write_all(self, by_shard: Mapping[str, tuple[ShardAddress, ShardChanges]]) -> None:
+        """Updates to several shards (or shards built whole, or to build), one commit
+        each, concurrently. Outside a batch the shards the updates replace whole, and
+        that no commit of this store is pending for, are committed together
         (:meth:`_replace_all`); the others go through the commit queue, behind what
-        is pending."""
+        is pending (a shard to build built first, on a worker thread)."""
         whole = (
             []
             if self._buffer is not None
             else [
-                s.key for s, ups in by_shard.values() if isinstance(ups, BuiltShard) or self._replaced(s, ups)
+                s.key
+                for s, ups in by_shard.values()
+                if isinstance(ups, BuiltShard | ShardToBuild) or self._replaced(s, ups)
             ]
         )
         free, release = self._queue.reserve(whole)
         reserved = set(free)
         together = [by_shard[key] for key in free]
-        queued = [
-            self.write(shard, ups.updates() if isinstance(ups, BuiltShard) else ups)
-            for key, (shard, ups) in by_shard.items()
-            if key not in reserved
-        ]
+        queued = [self._queued(shard, ups) for key, (shard, ups) in by_shard.items() if key not in reserved]
         await gather(*([self._replace_all(together, release)] if together else []), *queued)
+
+    async def _queued(self, shard: ShardAddress, ups: ShardChanges) -> None:
+        if isinstance(ups, ShardToBuild):
+            ups = await asyncio.to_thread(ups.updates)
+        await self.write(shard, ups.updates() if isinstance(ups, BuiltShard) else ups)
 
     def _replaced(self, shard: ShardAddress, updates: ShardUpdates) -> bool:
         """Whether updates decide every chunk of the shard and leave it one, or the inner
@@ -319,7 +351,7 @@ class ShardWriter:
             self._on_commit(shard_key)
 
     async def _replace_all(
-        self, shards: list[tuple[ShardAddress, ShardUpdates | BuiltShard]], release: Callable[[], None]
+        self, shards: list[tuple[ShardAddress, ShardChanges]], release: Callable[[], None]
     ) -> None:
         """Commit shards whose every chunk the updates decide, in one
         :meth:`InnerStore.update_many`: nothing to read, merge or append, so no turn in
@@ -331,11 +363,15 @@ class ShardWriter:
         task.add_done_callback(lambda _: release())  # (also if the task never ran)
         await outcome(task)
 
-    async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardUpdates | BuiltShard]]) -> None:
+    async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardChanges]]) -> None:
         if log.isEnabledFor(logging.DEBUG):
             for shard, ups in shards:
                 what = (
-                    "built whole" if isinstance(ups, BuiltShard) else f"{len(ups)} chunk(s), replaced whole"
+                    "built whole"
+                    if isinstance(ups, BuiltShard)
+                    else "built by its commit"
+                    if isinstance(ups, ShardToBuild)
+                    else f"{len(ups)} chunk(s), replaced whole"
                 )
                 log.debug("commit %r: %s", shard.key, what)
         keep_empty = not self._inner.capabilities.ordered_deletes
@@ -345,6 +381,8 @@ class ShardWriter:
                 shard.key,
                 functools.partial(_built, ups.blob, not as_is)
                 if isinstance(ups, BuiltShard)
+                else functools.partial(_built_now, shard, ups, keep_empty, as_is)
+                if isinstance(ups, ShardToBuild)
                 else functools.partial(_rebuilt, shard, ups, keep_empty, as_is),
             )
             for shard, ups in shards
@@ -357,7 +395,7 @@ class ShardWriter:
         finally:
             for shard, _ in shards:
                 self._on_commit(shard.key)
-        failed = [exc for exc in errors if exc is not None]
+        failed = [exc.error if isinstance(exc, _EncodingFailed) else exc for exc in errors if exc is not None]
         if failed:
             for other in failed[1:]:
                 failed[0].add_note(f"also failed at the same time: {type(other).__name__}: {other}")
