@@ -14,8 +14,8 @@ the next group encoded while this one commits; where the inner store makes its
 changes on worker threads, each shard whose whole block the value gives is encoded
 by its own commit instead) and one commit per shard, done when durable. The common
 codec chains are decoded straight into the output and encoded straight from the
-value (:mod:`shardstore.chunk_codecs`), a thread per core. For an array that zarr shards itself it is zarr's
-:class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
+value (:mod:`shardstore.chunk_codecs`), a thread per core. For an array that zarr
+shards itself it is zarr's :class:`~zarr.core.codec_pipeline.BatchedCodecPipeline`; for an array in any
 other store zarr gets the pipeline it would build without shardstore — that
 batched pipeline, or the one ``codec_pipeline.fallback_path`` names, so
 zarr's ``FusedCodecPipeline`` or zarrs' Rust ``ZarrsCodecPipeline`` serves
@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeAlias, TypeVar, cast
@@ -379,6 +380,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else _groups(routed, internals.fetch_concurrency, held=held)
         )
         buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
+        builds = _Builds()
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(
@@ -398,7 +400,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     build = functools.partial(
                         encode_block, codec, whole, routed.block, spec, shard_format, buffers.empty
                     )
-                    new[k] = ShardToBuild(build)
+                    new[k] = ShardToBuild(functools.partial(builds.run, build))
             now = [k for k, values in enumerate(new) if not isinstance(values, ShardToBuild)]
             encoded_now: list[dict[int, Any] | BuiltShard] = [{} for _ in now]
             failed: list[tuple[int, bytes | None]] = []
@@ -422,18 +424,52 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     for _, written in held.written:
                         k, place = where[n]
                         values = new[k]
-                        assert not isinstance(
-                            values, BuiltShard | ShardToBuild
-                        )  # (only shards read in part fail)
+                        # (only shards read in part fail)
+                        assert not isinstance(values, BuiltShard | ShardToBuild)
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        with buffers:
+        with buffers, contextlib.closing(builds):
             await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
 
 
 G = TypeVar("G")
 R = TypeVar("R")
+
+
+class _Builds:
+    """The encodings of one write's shards by their commits (:class:`ShardToBuild`),
+    which read the value zarr gives the write, maybe the caller's own array: none
+    begins once the write's call ends (done, failed or cancelled: a commit may outlive
+    it), and the call does not return while one runs, so that the value is never read
+    after the caller has it back, as with an encoding ahead of the commit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._open = True
+        self._running = 0
+
+    def run(self, build: Callable[[], R]) -> R:
+        with self._lock:
+            if not self._open:
+                raise ShardStoreError(
+                    "the write ended (failed or cancelled) before this shard was encoded: "
+                    "it keeps its previous contents"
+                )
+            self._running += 1
+        try:
+            return build()
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._lock.notify_all()
+
+    def close(self) -> None:
+        """No encoding begins from now on; those under way have ended on return (one
+        shard's encoding a worker thread at most)."""
+        with self._lock:
+            self._open = False
+            self._lock.wait_for(lambda: self._running == 0)
 
 
 async def _ahead(
