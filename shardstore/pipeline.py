@@ -367,18 +367,14 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         spec = chunks[0][1]
         source = value.as_ndarray_like()
         # shards whose whole block the value gives are encoded by their commits, where
-        # those are made on worker threads (see ShardToBuild): if all are, one group,
-        # since nothing of it is held but a shard per thread
+        # those are made on worker threads (see ShardToBuild); still in groups, as a
+        # shard that must wait its turn in the commit queue is encoded ahead of it
         wholes = (
             [block_of_value(codec, spec, source, box, routed.block) for box in boxes]
             if boxes is not None and internals.raw.capabilities.changes_in_threads
             else [None] * len(routed.shards)
         )
-        groups = (
-            [range(len(routed.shards))]
-            if all(whole is not None for whole in wholes)
-            else _groups(routed, internals.fetch_concurrency, held=held)
-        )
+        groups = _groups(routed, internals.fetch_concurrency, held=held)
         buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
         builds = _Builds()
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))

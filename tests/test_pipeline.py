@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,19 +141,18 @@ def test_a_whole_write_commits_half_fetch_concurrency_shards_a_group_or_a_quarte
 ) -> None:
     """Locally the next group is encoded while one commits (more commits at once only
     contend for the cores); on a remote store while up to three commit, each waiting
-    on round trips. Either way ``fetch_concurrency`` shards at most are held. Where
-    each commit encodes its own shard (changes made on worker threads), no encoded
-    shard is held and every shard goes in one call."""
+    on round trips. Either way ``fetch_concurrency`` shards at most are held (where
+    each commit encodes its own shard, none is held until its commit)."""
     inner = _CommitSizes(str(tmp_path / "s"), remote=remote, by_commit=by_commit)
     store = ShardingStore(inner, (2, 2), fetch_concurrency=8)
     data = sample((64, 64), "f4")
     arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
     inner.sizes.clear()
     arr[:] = data  # 16 shards
-    assert inner.sizes == ([16] if by_commit else [2] * 8 if remote else [4] * 4)
+    assert inner.sizes == ([2] * 8 if remote else [4] * 4)
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
     inner.sizes.clear()
-    arr[:, 4:] = data[:, 4:] + 1  # no shard's whole block: encoded ahead in groups as ever
+    arr[:, 4:] = data[:, 4:] + 1  # no shard's whole block: encoded ahead
     assert inner.sizes == ([2] * 8 if remote else [4] * 4)
 
 
@@ -298,6 +298,66 @@ def test_a_cancelled_write_encodes_nothing_after_it_has_returned(
         for j in (0, 32)
     ]
     assert sum(new) == 1 and sum(old) == 3, (new, old)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_shards_encoded_by_their_commits_are_shared_out_however_small_they_compress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local commits of small objects are made one after another on one thread, until
+    one is big, or took its thread SHARED_COMMITS_FROM_CPU_S: so shards that compress
+    to a few bytes are still encoded by several threads at once (the second and third
+    encodings wait for each other here, which one thread could never do)."""
+    import shardstore.inner.local
+
+    calls: list[int] = []
+    both = threading.Barrier(2, timeout=30)
+    real = shardstore.pipeline.encode_block
+
+    def encode(*args: Any) -> Any:
+        calls.append(threading.get_ident())
+        if len(calls) == 1:  # the work of a real encoding, as its thread's CPU time
+            began = time.thread_time()
+            while time.thread_time() - began < 2 * shardstore.inner.local.SHARED_COMMITS_FROM_CPU_S:
+                pass
+        elif len(calls) <= 3:
+            both.wait()
+        return real(*args)
+
+    monkeypatch.setattr(shardstore.pipeline, "encode_block", encode)
+    store = ShardingStore(str(tmp_path / "s"), (4, 4))
+    data = np.ones((128, 128), dtype="f4")  # 16 shards of a few hundred bytes each
+    arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(8, 8), dtype="f4")
+    arr[:] = data
+    assert len(calls) == 16 and len(set(calls)) >= 2
+    np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_whole_write_in_a_batch_holds_its_groups_not_every_shard(tmp_path: Path) -> None:
+    """Shards to be encoded by their commits that go to a batch are encoded first, a
+    group at a time as ever: the batch's ``max_bytes`` and the groups bound what the
+    write holds, not the array's size."""
+    import tracemalloc
+
+    shard_nbytes = 4 * 4 * 128 * 128 * 4  # 1 MiB, uncompressed
+    store = ShardingStore(str(tmp_path / "s"), (4, 4), fetch_concurrency=4)
+    data = sample((4096, 2048), "f4")  # 32 shards
+    arr = zarr.create_array(
+        store, name="a", shape=data.shape, chunks=(128, 128), dtype="f4", compressors=None
+    )
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        with store.batch(max_bytes=2 * shard_nbytes):
+            arr[:] = data
+        wrote = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(arr[:], data)
+    # (groups of two, the batch's two, and memory kept for reuse: 7-10 shards here)
+    assert wrote <= 14 * shard_nbytes, wrote
 
 
 @pytest.mark.usefixtures("pipeline")
