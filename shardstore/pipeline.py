@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import importlib
 import math
-import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self, TypeAlias, TypeVar, cast
@@ -81,6 +80,7 @@ from shardstore.routing import RoutedChunks
 from shardstore.shard_buffers import ShardBuffers
 from shardstore.store import ShardingStore
 from shardstore.tasks import in_threads
+from shardstore.writing.builds import ShardBuilds
 from shardstore.writing.updates import BuiltShard, ShardToBuild
 
 __all__ = ["FALLBACK_KEY", "PIPELINE_PATH", "ShardAwarePipeline"]
@@ -376,7 +376,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         )
         groups = _groups(routed, internals.fetch_concurrency, held=held)
         buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
-        builds = _Builds()
+        builds = ShardBuilds()
         complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
 
         async def encoded(
@@ -396,7 +396,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     build = functools.partial(
                         encode_block, codec, whole, routed.block, spec, shard_format, buffers.empty
                     )
-                    new[k] = ShardToBuild(functools.partial(builds.run, build))
+                    new[k] = ShardToBuild(builds.build(build))
             now = [k for k, values in enumerate(new) if not isinstance(values, ShardToBuild)]
             encoded_now: list[dict[int, Any] | BuiltShard] = [{} for _ in now]
             failed: list[tuple[int, bytes | None]] = []
@@ -425,47 +425,18 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
+        async def committed(
+            group: range, ready: list[tuple[ShardAddress, dict[int, Any] | BuiltShard | ShardToBuild]]
+        ) -> None:
+            builds.hand(values.build for _, values in ready if isinstance(values, ShardToBuild))
+            await internals.write_shards(ready)
+
         with buffers, contextlib.closing(builds):
-            await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
+            await _ahead(groups, encoded, committed, finishing=held - 1)
 
 
 G = TypeVar("G")
 R = TypeVar("R")
-
-
-class _Builds:
-    """The encodings of one write's shards by their commits (:class:`ShardToBuild`),
-    which read the value zarr gives the write, maybe the caller's own array: none
-    begins once the write's call ends (done, failed or cancelled: a commit may outlive
-    it), and the call does not return while one runs, so that the value is never read
-    after the caller has it back, as with an encoding ahead of the commit."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._open = True
-        self._running = 0
-
-    def run(self, build: Callable[[], R]) -> R:
-        with self._lock:
-            if not self._open:
-                raise ShardStoreError(
-                    "the write ended (failed or cancelled) before this shard was encoded: "
-                    "it keeps its previous contents"
-                )
-            self._running += 1
-        try:
-            return build()
-        finally:
-            with self._lock:
-                self._running -= 1
-                self._lock.notify_all()
-
-    def close(self) -> None:
-        """No encoding begins from now on; those under way have ended on return (one
-        shard's encoding a worker thread at most)."""
-        with self._lock:
-            self._open = False
-            self._lock.wait_for(lambda: self._running == 0)
 
 
 async def _ahead(

@@ -342,9 +342,11 @@ def test_a_slabs_chunks_are_placed_a_shard_at_a_time(
 class _Recording(LocalInner):
     """Records what each commit's change gives the store to write, by shard key."""
 
-    def __init__(self, root: str, *, writes_buffers: bool = True) -> None:
+    def __init__(self, root: str, *, writes_buffers: bool = True, by_commit: bool = True) -> None:
         super().__init__(root)
-        self.capabilities = dataclasses.replace(LocalInner.capabilities, writes_buffers=writes_buffers)
+        self.capabilities = dataclasses.replace(
+            LocalInner.capabilities, writes_buffers=writes_buffers, changes_in_threads=by_commit
+        )
         self.written: dict[str, Any] = {}
 
     def _update(self, path: Path, change: Any, read_old: bool) -> None:
@@ -498,31 +500,36 @@ def _writes(made: list[_Spied]) -> list[_Spied]:
     return [buffers for buffers in made if buffers.built]
 
 
+@pytest.mark.parametrize("by_commit", [False, True])
 def test_a_group_built_in_place_takes_the_memory_of_one_committed_before_it(
-    tmp_path: Path, shard_buffers: list[_Spied]
+    tmp_path: Path, shard_buffers: list[_Spied], by_commit: bool
 ) -> None:
     """Nine shards in nine groups, two at a time: each group from the third on is
     built in the memory of a group whose commit has ended, and every shard holds
-    its own block, written and overwritten."""
-    store = ShardingStore(LocalInner(str(tmp_path / "s")), CPS, fetch_concurrency=2)
+    its own block, written and overwritten. Shards encoded by their commits are
+    built one at a time here: each in the memory of the one committed before it."""
+    inner = LocalInner(str(tmp_path / "s"))
+    inner.capabilities = dataclasses.replace(inner.capabilities, changes_in_threads=by_commit)
+    store = ShardingStore(inner, CPS, fetch_concurrency=2)
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
         arr = zarr.create_array(store, name="a", shape=(18, 18), chunks=CHUNKS, dtype="i4", compressors=None)
         for value in (np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18), np.full((18, 18), -3, "i4")):
             arr[:] = value
             reopened = zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")
             np.testing.assert_array_equal(reopened[:], value)
-    assert [buffers.allocated for buffers in _writes(shard_buffers)] == [2, 2]  # not 9 each
+    assert [buffers.allocated for buffers in _writes(shard_buffers)] == ([1, 1] if by_commit else [2, 2])
 
 
+@pytest.mark.parametrize("by_commit", [False, True])
 @pytest.mark.parametrize("writes_buffers", [True, False])
 def test_memory_a_written_shard_is_still_held_in_is_never_built_in_again(
-    tmp_path: Path, shard_buffers: list[_Spied], writes_buffers: bool
+    tmp_path: Path, shard_buffers: list[_Spied], writes_buffers: bool, by_commit: bool
 ) -> None:
     """Memory is built in again only when nothing refers to it: a store that keeps
     each shard object it was given (a memoryview of that memory, where it takes any
     buffer) keeps all of it from later groups, and every object it kept still holds
     its own shard; one given bytes (a copy) lets the memory go at once."""
-    inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers)
+    inner = _Recording(str(tmp_path / "s"), writes_buffers=writes_buffers, by_commit=by_commit)
     store = ShardingStore(inner, CPS, fetch_concurrency=2)
     value = np.arange(1, 18 * 18 + 1, dtype="i4").reshape(18, 18)
     with zarr.config.set({"codec_pipeline.path": PIPELINE_PATH}):
@@ -540,4 +547,6 @@ def test_memory_a_written_shard_is_still_held_in_is_never_built_in_again(
             for p, (a, b) in enumerate(np.ndindex(CPS))
         }
         assert bytes(new) == fmt.build(chunks), key
-    assert [buffers.allocated for buffers in _writes(shard_buffers)] == [9 if writes_buffers else 2]
+    assert [buffers.allocated for buffers in _writes(shard_buffers)] == [
+        9 if writes_buffers else 1 if by_commit else 2
+    ]

@@ -335,6 +335,39 @@ def test_big_commits_are_shared_out_from_the_first_big_one(
     assert len(set(threads[:2])) == 1 and len(set(threads[2:])) == 2
 
 
+def test_commits_are_shared_out_from_the_first_whose_change_was_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that took its thread SHARED_COMMITS_FROM_CPU_S (a shard encoded by its
+    commit) shares the rest out however small the objects: two of them are made at
+    once (they wait for each other at a barrier; one thread alone would fail)."""
+    import asyncio
+    import time
+
+    monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
+    both = threading.Barrier(2, timeout=10)
+    threads: list[int] = [0] * 4
+
+    def change(k: int) -> Any:
+        def made(old: Any) -> bytes:
+            threads[k] = threading.get_ident()
+            if k == 1:  # slow: the CPU time of an encoding
+                began = time.thread_time()
+                while time.thread_time() - began < 2 * local_module.SHARED_COMMITS_FROM_CPU_S:
+                    pass
+            elif k >= 2:
+                both.wait()
+            return b"x"
+
+        return made
+
+    errors = asyncio.run(
+        LocalInner(tmp_path).update_many([(f"c/{k}", change(k)) for k in range(4)], read_old=False)
+    )
+    assert errors == [None] * 4
+    assert len(set(threads[:2])) == 1 and len(set(threads[2:])) == 2
+
+
 def test_a_cancelled_batch_of_small_commits_begins_no_more(tmp_path: Path) -> None:
     """Small objects are committed one at a time from the threads' cursor: a call
     cancelled while one is made ends once it is, the rest never begun."""

@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from pathlib import Path
 from stat import S_ISDIR
-from typing import cast
+from typing import Any, cast
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
@@ -66,6 +67,15 @@ def _replacing(path: Path, rename: Callable[[], object]) -> None:
     except IsADirectoryError:
         path.rmdir()
         rename()
+
+
+def _timed(change: Change, spent: list[float], old: bytes | None) -> Any:
+    """``change(old)``, the CPU time it took its thread put in ``spent[0]``."""
+    began = time.thread_time()
+    try:
+        return change(old)
+    finally:
+        spent[0] = time.thread_time() - began
 
 
 def journal_path(path: Path | str) -> Path:
@@ -122,14 +132,15 @@ calls, at which two threads only hand the GIL back and forth (1,024 new shards o
 thread)."""
 
 SHARED_COMMITS_FROM_CPU_S = 0.0003
-"""Commits are shared out from the first that took its thread this much CPU, too,
-whatever it wrote: shards encoded by their commits that compress well make small
-objects, and without this a whole write's encoding went to one thread (a 64 MiB zstd
-write of smooth data took 74 ms against 56 before such commits; with this, 110
-against 115, alternated, medians of 12). Shards of 4 KiB built by their commits
-take 0.33-0.38 ms each and are shared out too, which is faster for them (1,024 of
-them, alternated, medians of 6: a whole write 1,122 against 1,220 ms on one
-thread, an overwrite 1,180 against 1,370)."""
+"""Commits are shared out from the first whose change took its thread this much CPU,
+too, whatever it wrote (the change's: the system calls of a first commit into a new
+directory take about as much): shards encoded by their commits that compress well
+make small objects, and without this a whole write's encoding went to one thread (a
+64 MiB zstd write of smooth data took 74 ms against 56 before such commits; with
+this, 110 against 115, alternated, medians of 12). Shards of 4 KiB built by their
+commits come near it, and their writes take about as long either way (1,024 of
+them, alternated, medians of 6: 1,150 ms with this, 1,129 with every commit after
+the first shared out)."""
 
 AT_ONCE_SLOW_S = 0.002
 """A batch read on the caller's thread that takes longer than this (opening files on a
@@ -425,15 +436,18 @@ class LocalInner(InnerStore):
     ) -> list[Exception | None]:
         # A local commit is a dozen quick system calls and a thread hop costs about as
         # much: small objects are committed by one worker thread, one after another,
-        # until one is big; big ones are shared out, one hop per thread, a thread more
-        # than the cores (see SHARED_COMMITS_FROM_BYTES). Each commit is made under its
-        # file lock.
+        # until one is big or its change slow (an encoding); from there on they are
+        # shared out, one hop per thread, a thread more than the cores (see
+        # SHARED_COMMITS_FROM_BYTES, SHARED_COMMITS_FROM_CPU_S). Each commit is made
+        # under its file lock.
         errors: list[Exception | None] = [None] * len(changes)
         rest: list[int] = []  # the objects after the first big one: shared out
         big = False
 
-        def commit(k: int) -> int:
+        def commit(k: int, spent: list[float] | None = None) -> int:
             key, change = changes[k]
+            if spent is not None:  # (the CPU time of the change itself, into spent[0])
+                change = functools.partial(_timed, change, spent)
             try:
                 with failure("update", key):
                     return self._update(self._path(key), change, read_old) or 0  # (a subclass may say None)
@@ -446,12 +460,9 @@ class LocalInner(InnerStore):
             for k in part:
                 if big:
                     rest.append(k)
-                else:
-                    began = time.thread_time()
-                    big = (
-                        commit(k) >= SHARED_COMMITS_FROM_BYTES
-                        or time.thread_time() - began >= SHARED_COMMITS_FROM_CPU_S
-                    )
+                    continue
+                spent = [0.0]
+                big = commit(k, spent) >= SHARED_COMMITS_FROM_BYTES or spent[0] >= SHARED_COMMITS_FROM_CPU_S
 
         def shared(part: range) -> None:
             for k in part:
