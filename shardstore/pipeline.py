@@ -367,11 +367,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         spec = chunks[0][1]
         source = value.as_ndarray_like()
         # shards whose whole block the value gives are encoded by their commits, where
-        # those are made on worker threads (see ShardToBuild); still in groups, as a
-        # shard that must wait its turn in the commit queue is encoded ahead of it
+        # those are made on worker threads (see ShardToBuild; a shard all fill is then
+        # deleted unread); still in groups, as a shard that must wait its turn in the
+        # commit queue is encoded ahead of it
+        can = internals.raw.capabilities
         wholes = (
             [block_of_value(codec, spec, source, box, routed.block) for box in boxes]
-            if boxes is not None and internals.raw.capabilities.changes_in_threads
+            if boxes is not None and can.changes_in_threads and can.ordered_deletes
             else [None] * len(routed.shards)
         )
         groups = _groups(routed, internals.fetch_concurrency, held=held)
@@ -396,7 +398,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                     build = functools.partial(
                         encode_block, codec, whole, routed.block, spec, shard_format, buffers.empty
                     )
-                    new[k] = ShardToBuild(builds.build(build))
+                    new[k] = ShardToBuild(*builds.build(build))
             now = [k for k, values in enumerate(new) if not isinstance(values, ShardToBuild)]
             encoded_now: list[dict[int, Any] | BuiltShard] = [{} for _ in now]
             failed: list[tuple[int, bytes | None]] = []
@@ -425,14 +427,8 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                         values[place] = None if written is None else written.to_bytes()
             return [(routed.shards[s], values) for s, values in zip(group, new, strict=True)]
 
-        async def committed(
-            group: range, ready: list[tuple[ShardAddress, dict[int, Any] | BuiltShard | ShardToBuild]]
-        ) -> None:
-            builds.hand(values.build for _, values in ready if isinstance(values, ShardToBuild))
-            await internals.write_shards(ready)
-
         with buffers, contextlib.closing(builds):
-            await _ahead(groups, encoded, committed, finishing=held - 1)
+            await _ahead(groups, encoded, lambda _, ready: internals.write_shards(ready), finishing=held - 1)
 
 
 G = TypeVar("G")

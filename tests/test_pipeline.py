@@ -8,6 +8,7 @@ read per ``fetch_concurrency`` shards read; other stores see zarr's pipeline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -287,6 +288,49 @@ def test_a_cancelled_write_reads_its_value_only_before_it_returns(
     asyncio.run(cancelled())
     assert events == ["begin", "end"] * 4 + ["returned"]
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data + 1)
+
+
+@pytest.mark.usefixtures("pipeline")
+def test_a_write_cancelled_as_its_commits_start_leaves_no_shard_reserved(tmp_path: Path) -> None:
+    """A whole write with one shard free and one behind a pending commit, cancelled in
+    each of its first loop turns: the free shard's commit is started with its
+    reservation, whatever turn the cancel comes in, so a later write of it never waits
+    for a reservation nobody releases."""
+
+    class Gated(LocalInner):
+        gate: asyncio.Event | None = None
+        entered: asyncio.Event | None = None
+
+        async def update(self, key: str, change: Any, **kwargs: Any) -> None:
+            if self.gate is not None and self.entered is not None and key.endswith("/1"):
+                self.entered.set()
+                await self.gate.wait()
+            await super().update(key, change, **kwargs)
+
+    async def trial(root: Path, turns: int) -> None:
+        inner = Gated(str(root))
+        arr = await zarr.api.asynchronous.create_array(
+            ShardingStore(inner, (4,)), name="a", shape=(8,), chunks=(1,), dtype="i4", compressors=None
+        )
+        inner.gate, inner.entered = asyncio.Event(), asyncio.Event()
+        pending = asyncio.ensure_future(arr.setitem(slice(4, 6), np.full(2, 7, "i4")))  # shard 1, gated
+        await inner.entered.wait()
+        write = asyncio.ensure_future(arr.setitem(slice(None), np.arange(1, 9, dtype="i4")))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        write.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await write
+        inner.gate.set()
+        await pending
+        await asyncio.wait_for(arr.setitem(slice(0, 4), np.full(4, 9, "i4")), 30)  # shard 0 again
+        got = await (
+            await zarr.api.asynchronous.open_array(store=ShardingStore(str(root)), path="a")
+        ).getitem(slice(0, 4))
+        np.testing.assert_array_equal(got, [9, 9, 9, 9])
+
+    for turns in range(8):
+        asyncio.run(trial(tmp_path / f"s{turns}", turns))
 
 
 @pytest.mark.usefixtures("pipeline")

@@ -217,9 +217,11 @@ def test_a_damaged_chunk_in_a_whole_shard_fails_naming_it_as_zarrs_codecs_fail(
 
 
 def test_a_commit_that_outlives_its_cancelled_write_keeps_what_was_written(tmp_path: Path) -> None:
-    """A raw shard's chunks go to the commit as views of the block cut out of the value:
-    a copy, never the caller's own array. A commit outlives a cancelled write (other
-    writers may share it), and the caller may reuse its array at once."""
+    """A commit outlives a cancelled write (other writers may share it), and the caller
+    may reuse its array at once: the commit writes the value as it was given (a raw
+    shard's block cut out of it in one copy, by the commit or, where the commit has
+    not come to it yet, by the write's call before it returns; never the caller's
+    own array)."""
 
     class Gated(LocalInner):
         entered: asyncio.Event

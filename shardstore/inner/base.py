@@ -178,7 +178,8 @@ class Capabilities:
     changes_in_threads: bool = False
     """:meth:`InnerStore.update` and :meth:`InnerStore.update_many` call each change on
     a worker thread (local files: ``update_many`` shares its commits out over a thread
-    per core and one more), so a change may do work that lets go of the GIL, a shard's
+    per core and one more from the first big or slow one), so a change may do work
+    that lets go of the GIL, a shard's
     encoding, right before its object is written (see
     :class:`~shardstore.writing.updates.ShardToBuild`). Elsewhere a change may run on
     the event loop's thread, and must be quick."""

@@ -67,13 +67,19 @@ class ShardToBuild:
     """A shard every chunk of which a write decides, encoded by its own commit: where the
     inner store makes each change on a worker thread (``Capabilities.changes_in_threads``)
     a thread encodes a shard and writes it at once, so no thread waits for a group's
-    encoding to end before its commits begin, and no encoded group is held."""
+    encoding to end before its commits begin, and a shard is held only from its
+    encoding to its commit (one that must wait its turn, behind a pending commit or in
+    a batch, is encoded first)."""
 
     build: Callable[[], dict[int, bytes | memoryview | None] | BuiltShard]
-    """The shard's chunks by place (None: no chunk), or the shard built whole."""
+    """The shard's chunks by place (None: no chunk), or the shard built whole: called
+    once."""
+    handed: Callable[[], None] = lambda: None
+    """Told once a commit that will call ``build`` has started (it may outlive the
+    write's call: see :mod:`shardstore.writing.builds`)."""
 
     def updates(self) -> ShardUpdates | BuiltShard:
-        """Built now (on the caller's thread), as :class:`BuiltShard` or updates."""
+        """Built now, on the calling thread, as :class:`BuiltShard` or updates."""
         built = self.build()
         return built if isinstance(built, BuiltShard) else {place: [value] for place, value in built.items()}
 

@@ -350,18 +350,24 @@ class ShardWriter:
         finally:
             self._on_commit(shard_key)
 
-    async def _replace_all(
+    def _replace_all(
         self, shards: list[tuple[ShardAddress, ShardChanges]], release: Callable[[], None]
-    ) -> None:
+    ) -> Awaitable[None]:
         """Commit shards whose every chunk the updates decide, in one
         :meth:`InnerStore.update_many`: nothing to read, merge or append, so no turn in
         the commit queue either. The queue holds them reserved until the commit has
         ended (``release``), so that a later write of this store waits for it; the
         inner store orders it against every other writer, as it does a queued commit.
-        Like a queued commit, it goes on if the caller is cancelled."""
+        Like a queued commit, it goes on if the caller is cancelled: it is started
+        here, not by a coroutine that a cancelled caller might never begin (its
+        reservation would never be released), and the shards it is to encode are told
+        so (:meth:`ShardToBuild.handed`)."""
         task = spawn(self._commit_replaced(shards))
         task.add_done_callback(lambda _: release())  # (also if the task never ran)
-        await outcome(task)
+        for _, ups in shards:
+            if isinstance(ups, ShardToBuild):
+                ups.handed()
+        return outcome(task)
 
     async def _commit_replaced(self, shards: list[tuple[ShardAddress, ShardChanges]]) -> None:
         if log.isEnabledFor(logging.DEBUG):
