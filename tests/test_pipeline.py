@@ -17,10 +17,11 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ from shardstore.instrument import CountingInner
 from .helpers import inner_keys, sample
 
 ZARR_PIPELINE = "zarr.core.codec_pipeline.BatchedCodecPipeline"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -366,28 +368,35 @@ def test_shards_encoded_by_their_commits_are_shared_out_however_small_they_compr
     np.testing.assert_array_equal(zarr.open_array(ShardingStore(str(tmp_path / "s")), path="a")[:], data)
 
 
+def _peak_of(action: Callable[[], T]) -> tuple[T, int]:
+    """``action()``, and the most memory it held at once above what was held before (as
+    tracemalloc sees numpy's and Python's allocations)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = action()
+        return result, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.usefixtures("pipeline")
 def test_a_whole_write_in_a_batch_holds_its_groups_not_every_shard(tmp_path: Path) -> None:
     """Shards to be encoded by their commits that go to a batch are encoded first, a
     group at a time as ever: the batch's ``max_bytes`` and the groups bound what the
     write holds, not the array's size."""
-    import tracemalloc
-
     shard_nbytes = 4 * 4 * 128 * 128 * 4  # 1 MiB, uncompressed
     store = ShardingStore(str(tmp_path / "s"), (4, 4), fetch_concurrency=4)
     data = sample((4096, 2048), "f4")  # 32 shards
     arr = zarr.create_array(
         store, name="a", shape=data.shape, chunks=(128, 128), dtype="f4", compressors=None
     )
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
+
+    def write_in_a_batch() -> None:
         with store.batch(max_bytes=2 * shard_nbytes):
             arr[:] = data
-        wrote = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+
+    _, wrote = _peak_of(write_in_a_batch)
     np.testing.assert_array_equal(arr[:], data)
     # (groups of two, the batch's two, and memory kept for reuse: 7-10 shards here)
     assert wrote <= 14 * shard_nbytes, wrote
@@ -398,8 +407,6 @@ def test_a_whole_write_holds_a_shard_a_commit_thread(tmp_path: Path, monkeypatch
     """Shards encoded by their commits are let go of as each is written: a whole write
     holds a shard per commit thread (a thread per core and one more), not a group of
     ``fetch_concurrency`` encoded shards."""
-    import tracemalloc
-
     import shardstore.tasks
 
     monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
@@ -409,14 +416,7 @@ def test_a_whole_write_holds_a_shard_a_commit_thread(tmp_path: Path, monkeypatch
     arr = zarr.create_array(
         store, name="a", shape=data.shape, chunks=(128, 128), dtype="f4", compressors=None
     )
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        arr[:] = data
-        wrote = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    _, wrote = _peak_of(lambda: arr.__setitem__(slice(None), data))
     np.testing.assert_array_equal(arr[:], data)
     assert wrote <= (2 + 1 + 1) * shard_nbytes, wrote  # (+1: a shard's room and zarr's bookkeeping)
 
@@ -861,27 +861,15 @@ def test_a_whole_read_and_write_hold_at_most_fetch_concurrency_shards(tmp_path: 
     is the output plus ``fetch_concurrency`` shards, and of a whole write the encoded
     shards of ``fetch_concurrency`` at most: never the whole array's shards at once.
     (The shard cache is a budget of its own, ``shard_cache_bytes``: off here.)"""
-    import tracemalloc
-
     shard_nbytes = 128 * 128 * 4  # 2 x 2 chunks of 64 x 64 float32, uncompressed
     store = ShardingStore(str(tmp_path / "s"), (2, 2), fetch_concurrency=4)
     data = sample((1024, 1024), "f4")  # 64 shards, 4 MiB
     arr = zarr.create_array(store, name="a", shape=data.shape, chunks=(64, 64), dtype="f4", compressors=None)
     slack = 2**19  # per-chunk bookkeeping (zarr's and ours, ~1 KiB a chunk), chunks in flight
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        arr[:] = data
-        wrote = tracemalloc.get_traced_memory()[1] - before
-        uncached = ShardingStore(str(tmp_path / "s"), (2, 2), fetch_concurrency=4, shard_cache_bytes=0)
-        reader = zarr.open_array(uncached, path="a")
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        got = reader[:]
-        read = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    _, wrote = _peak_of(lambda: arr.__setitem__(slice(None), data))
+    uncached = ShardingStore(str(tmp_path / "s"), (2, 2), fetch_concurrency=4, shard_cache_bytes=0)
+    reader = zarr.open_array(uncached, path="a")
+    got, read = _peak_of(lambda: reader[:])
     np.testing.assert_array_equal(got, data)
     assert wrote <= 4 * shard_nbytes + slack, wrote
     assert read <= data.nbytes + 4 * shard_nbytes + slack, read
