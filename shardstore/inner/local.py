@@ -92,11 +92,16 @@ def committed_size(path: Path | str, stat: os.stat_result) -> int:
     """The size of the shard's last committed state: the file's size, unless a crashed
     append left a journal naming this very file (inode) and a smaller size. A journal
     naming another inode (the shard was replaced since) or unreadable is ignored."""
-    try:  # (string paths: every whole or index read asks, and a Path costs more than the open)
-        with open(_journal_name(path), "rb") as journal:
-            inode, size = (int(v) for v in journal.read().split())
+    try:  # (string paths and os.open: every whole or index read asks, most find no journal)
+        fd = os.open(_journal_name(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return stat.st_size
+    try:
+        inode, size = (int(v) for v in os.read(fd, 64).split())
     except (OSError, ValueError):
         return stat.st_size
+    finally:
+        os.close(fd)
     return size if inode == stat.st_ino and size < stat.st_size else stat.st_size
 
 
@@ -353,6 +358,8 @@ class LocalInner(InnerStore):
         except (FileNotFoundError, NotADirectoryError):
             return None, None
         try:
+            if byte_range is None or isinstance(byte_range, SuffixByteRequest):
+                return LocalInner._read_tail(fd, path, byte_range, expected, at_once, into)
             stat = os.fstat(fd)
             if S_ISDIR(stat.st_mode):
                 return None, None
@@ -366,26 +373,42 @@ class LocalInner(InnerStore):
                 return _pread(
                     fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset, at_once, into
                 ), version
-            if byte_range is not None and not isinstance(byte_range, SuffixByteRequest):
-                raise TypeError(f"Unexpected byte_range, got {byte_range}")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH if at_once is None else fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise _WouldWait() from None
-            try:
-                stat = os.fstat(fd)
-                version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                size = committed_size(path, stat)
-                if size != stat.st_size:
-                    version = None
-                if byte_range is None:
-                    return _pread(fd, size, 0, at_once, into), version
-                start = max(size - byte_range.suffix, 0)
-                return _pread(fd, size - start, start, at_once, into), version
-            finally:  # (released, not only closed: a child forked meanwhile shares the file)
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            raise TypeError(f"Unexpected byte_range, got {byte_range}")
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _read_tail(
+        fd: int,
+        path: Path | str,
+        byte_range: SuffixByteRequest | None,
+        expected: Hashable | None,
+        at_once: int | None,
+        into: ReadInto | None,
+    ) -> tuple[ChunkBytes | None, Hashable | None]:
+        """:meth:`_read_versioned` of a whole object or its suffix, open at ``fd``: under
+        a shared lock, taken before the file's one ``fstat`` (a whole read of 64 shards
+        made 64 system calls fewer)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if at_once is None else fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _WouldWait() from None
+        try:
+            stat = os.fstat(fd)
+            if S_ISDIR(stat.st_mode):
+                return None, None
+            version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if expected is not None and version != expected:
+                return STALE, version
+            size = committed_size(path, stat)
+            if size != stat.st_size:
+                version = None
+            if byte_range is None:
+                return _pread(fd, size, 0, at_once, into), version
+            start = max(size - byte_range.suffix, 0)
+            return _pread(fd, size - start, start, at_once, into), version
+        finally:  # (released, not only closed: a child forked meanwhile shares the file)
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):
