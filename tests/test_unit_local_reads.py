@@ -19,6 +19,7 @@ import pytest
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 import shardstore.inner.local as local_module
+import shardstore.tasks
 from shardstore.inner.local import BULKY_BYTES, LocalInner
 
 pytestmark = pytest.mark.skipif(
@@ -134,6 +135,28 @@ def test_a_batch_of_more_than_a_few_bytes_is_read_by_a_thread(
     hops = _hops(monkeypatch)
     assert _read(inner, [("big", None)]) == [b"x" * (BULKY_BYTES + 1)]
     assert hops == ["read"]
+
+
+def test_objects_read_whole_are_read_by_a_thread_per_core_and_one_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three threads on two cores read shards whole at once (a barrier of three): each
+    waits for the GIL or in the kernel part of its time."""
+    monkeypatch.setattr(shardstore.tasks, "available_cores", lambda: 2)
+    for k in range(6):
+        (tmp_path / f"s{k}").write_bytes(bytes([k]) * 10)
+    inner = LocalInner(tmp_path)
+    three, threads = threading.Barrier(3, timeout=10), set()
+    read = LocalInner._read_versioned
+
+    def together(*args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.get_ident())
+        three.wait()
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(LocalInner, "_read_versioned", staticmethod(together))
+    assert _read(inner, [(f"s{k}", None) for k in range(6)]) == [bytes([k]) * 10 for k in range(6)]
+    assert len(threads) == 3
 
 
 def test_a_store_whose_reads_are_slow_stops_reading_on_the_callers_thread(

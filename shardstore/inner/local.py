@@ -106,7 +106,7 @@ def committed_size(path: Path | str, stat: os.stat_result) -> int:
 
 
 BULKY_BYTES = 1 << 20
-"""Ranges read in one batch that, together, are worth a thread per core."""
+"""Ranges read in one batch that, together, are worth a thread per core (and one more)."""
 
 
 def _bulky(requests: Sequence[tuple[str, ByteRequest | None]]) -> bool:
@@ -266,7 +266,10 @@ class LocalInner(InnerStore):
         # A batch of a few small reads is read on this thread, while none would wait
         # (a hop to a worker thread costs about 0.1 ms, five times eight index reads
         # from the page cache); what is left, in one thread hop; shards read whole, by
-        # a thread per core: such a read is mostly a copy, which one core serialises.
+        # a thread per core and one more: such a read is mostly a copy, which one core
+        # serialises, and a thread decoding what it read waits for the GIL part of its
+        # time, the others keeping the cores busy meanwhile (64 MiB whole reads on two
+        # cores, alternated: uncompressed 73.5 against 81.6 ms, zstd 117.7 against 119.1).
         got: list[tuple[ChunkBytes | None, Hashable | None]] = [(None, None)] * len(requests)
 
         def read(part: range) -> None:
@@ -276,7 +279,7 @@ class LocalInner(InnerStore):
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
-                await in_threads(read, len(requests))
+                await in_threads(read, len(requests), extra=1)
                 return got
             first = self._read_at_once(requests, expected, got, into, then) if self._at_once else 0
             rest = range(first, len(requests))
