@@ -361,57 +361,40 @@ class LocalInner(InnerStore):
         except (FileNotFoundError, NotADirectoryError):
             return None, None
         try:
-            if byte_range is None or isinstance(byte_range, SuffixByteRequest):
-                return LocalInner._read_tail(fd, path, byte_range, expected, at_once, into)
-            stat = os.fstat(fd)
-            if S_ISDIR(stat.st_mode):
-                return None, None
-            version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            if expected is not None and version != expected:
-                return STALE, version
-            if isinstance(byte_range, RangeByteRequest):
-                stop = min(byte_range.end, stat.st_size)
-                return _pread(fd, max(stop - byte_range.start, 0), byte_range.start, at_once, into), version
-            if isinstance(byte_range, OffsetByteRequest):
-                return _pread(
-                    fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset, at_once, into
-                ), version
-            raise TypeError(f"Unexpected byte_range, got {byte_range}")
+            tail = byte_range is None or isinstance(byte_range, SuffixByteRequest)
+            if tail:  # (the lock before the file's one fstat: the version is that of what is read)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH if at_once is None else fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise _WouldWait() from None
+            try:
+                stat = os.fstat(fd)
+                if S_ISDIR(stat.st_mode):
+                    return None, None
+                version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                if expected is not None and version != expected:
+                    return STALE, version
+                if isinstance(byte_range, RangeByteRequest):
+                    stop = min(byte_range.end, stat.st_size)
+                    return _pread(
+                        fd, max(stop - byte_range.start, 0), byte_range.start, at_once, into
+                    ), version
+                if isinstance(byte_range, OffsetByteRequest):
+                    return _pread(
+                        fd, max(stat.st_size - byte_range.offset, 0), byte_range.offset, at_once, into
+                    ), version
+                if not tail:
+                    raise TypeError(f"Unexpected byte_range, got {byte_range}")
+                size = committed_size(path, stat)
+                start = max(size - byte_range.suffix, 0) if isinstance(byte_range, SuffixByteRequest) else 0
+                return _pread(fd, size - start, start, at_once, into), (
+                    version if size == stat.st_size else None
+                )
+            finally:  # (released, not only closed: a child forked meanwhile shares the file)
+                if tail:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _read_tail(
-        fd: int,
-        path: Path | str,
-        byte_range: SuffixByteRequest | None,
-        expected: Hashable | None,
-        at_once: int | None,
-        into: ReadInto | None,
-    ) -> tuple[ChunkBytes | None, Hashable | None]:
-        """:meth:`_read_versioned` of a whole object or its suffix, open at ``fd``: under
-        a shared lock, taken before the file's one ``fstat`` (a whole read of 64 shards
-        made 64 system calls fewer)."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH if at_once is None else fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _WouldWait() from None
-        try:
-            stat = os.fstat(fd)
-            if S_ISDIR(stat.st_mode):
-                return None, None
-            version: Hashable | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            if expected is not None and version != expected:
-                return STALE, version
-            size = committed_size(path, stat)
-            if size != stat.st_size:
-                version = None
-            if byte_range is None:
-                return _pread(fd, size, 0, at_once, into), version
-            start = max(size - byte_range.suffix, 0)
-            return _pread(fd, size - start, start, at_once, into), version
-        finally:  # (released, not only closed: a child forked meanwhile shares the file)
-            fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):
