@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from shardstore.formats.base import ChunkTable, ShardFormat
 from shardstore.metadata import ArrayInfo
 
-__all__ = ["ChunkAddress", "ShardAddress", "locate", "shard_at"]
+__all__ = ["ChunkAddress", "ShardAddress", "locate", "shard_address", "shard_at"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,16 @@ def locate(info: ArrayInfo, key: str, coords: tuple[int, ...]) -> ChunkAddress:
     fmt = info.shard_format
     assert fmt is not None
     shard, place = fmt.locate(coords, info.grid_shape)
-    shard_key = info.shard_prefix + fmt.shard_file(shard) if fmt.named_shards else info.key(shard)
-    return ChunkAddress(key, ShardAddress(info, shard_key, shard), place)
+    return ChunkAddress(key, shard_address(info, shard), place)
+
+
+def shard_address(info: ArrayInfo, shard: tuple[int, ...]) -> ShardAddress:
+    """The shard ``shard`` (in the format's own terms, as ``ShardFormat.locate`` gives
+    it) of a sharded array."""
+    fmt = info.shard_format
+    assert fmt is not None
+    key = info.shard_prefix + fmt.shard_file(shard) if fmt.named_shards else info.key(shard)
+    return ShardAddress(info, key, shard)
 
 
 def shard_at(info: ArrayInfo, key: str) -> ShardAddress | None:

@@ -41,9 +41,10 @@ import dataclasses
 import functools
 import importlib
 import math
+import operator
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeAlias, TypeVar, cast
+from typing import Any, Self, TypeAlias, TypeVar
 
 import numpy as np
 import zarr
@@ -262,7 +263,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             group: Sequence[int], each: EachShard | None = None
         ) -> Awaitable[list[ShardSnapshot | None]]:
             return internals.read_shards(
-                _wanted(chunks, routed, [(s, members[s]) for s in group]), buffers.flat, each
+                _wanted(routed, [(s, members[s]) for s in group]), buffers.flat, each
             )
 
         def scatter(parts: list[ShardPart], part: range) -> None:
@@ -313,7 +314,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             return
         store.internals.check_writable([chunks[0][0].path])  # (before any chunk is read)
         codec = _direct(self, chunks, value)
-        whole = all(info[4] for info in chunks)  # (no chunk's old bytes to read)
+        whole = all(map(_COMPLETE, chunks))  # (no chunk's old bytes to read)
         routed = (
             None
             if codec is None or _chunk_by_chunk(store, chunks)
@@ -379,14 +380,14 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         groups = _groups(routed, internals.fetch_concurrency, held=held)
         buffers = ShardBuffers()  # (a group built in place takes the memory of one committed)
         builds = ShardBuilds()
-        complete = np.fromiter((info[4] for info in chunks), dtype=bool, count=len(chunks))
+        complete = np.fromiter(map(_COMPLETE, chunks), dtype=bool, count=len(chunks))
 
         async def encoded(
             group: range,
         ) -> list[tuple[ShardAddress, dict[int, Any] | BuiltShard | ShardToBuild]]:
             cut = [(s, members[s][~complete[members[s]]]) for s in group]  # chunks covered in part
             partial = [(s, wanted) for s, wanted in cut if len(wanted)]
-            read = await internals.read_shards(_wanted(chunks, routed, partial)) if partial else []
+            read = await internals.read_shards(_wanted(routed, partial)) if partial else []
             snapshots = dict(zip([s for s, _ in partial], read, strict=True))
             parts = _parts(routed, members, boxes, group, [snapshots.get(s) for s in group])
             shard_format = routed.shards[group[0]].shard_format
@@ -519,6 +520,9 @@ def _members(routed: RoutedChunks) -> list[np.ndarray[Any, np.dtype[np.intp]]]:
     return np.split(order, bounds)
 
 
+_COMPLETE = operator.itemgetter(4)
+"""Whether zarr says a chunk's selection covers it whole (the last of its ``ChunkInfo``)."""
+
 ROUTED_FROM = 32
 """Selections of fewer chunks go chunk by chunk (grouped by shard, through the store's
 batched reads and writes) where that is one batch, as routed (see
@@ -579,12 +583,13 @@ def _groups(routed: RoutedChunks, fetch_concurrency: int, held: int = 2) -> list
 
 
 def _wanted(
-    chunks: Sequence[ChunkInfo], routed: RoutedChunks, picks: Iterable[tuple[int, Any]]
+    routed: RoutedChunks, picks: Iterable[tuple[int, Any]]
 ) -> list[tuple[ShardAddress, list[int], list[str]]]:
     """What a read of chunks ``picks`` (a shard, and the places in the selection of its
     chunks wanted) asks of the store."""
+    keys = routed.keys
     return [
-        (routed.shards[s], routed.places[wanted].tolist(), [chunks[n][0].path for n in wanted.tolist()])
+        (routed.shards[s], routed.places[wanted].tolist(), [keys[n] for n in wanted.tolist()])
         for s, wanted in picks
     ]
 
@@ -608,12 +613,13 @@ def _boxes(
     """Each shard's chunks as a box of its block in the array read into or written from
     (None: not one); None where the selection is no box of whole chunks (index arrays,
     dropped axes, chunks cut by the selection, a grid of several chunk shapes)."""
-    if drop_axes or routed.block is None or not all(info[4] for info in chunks):
+    if drop_axes or routed.block is None or not all(map(_COMPLETE, chunks)):
         return None
     ndim = len(routed.block)
-    try:
+    selections: Sequence[Any] = chunks  # (their out selections: slices, unless not a box)
+    try:  # (no call a chunk in this loop, not even ``typing.cast``: 0.15 ms of 4,096 chunks)
         starts = np.fromiter(
-            (s.start for info in chunks for s in cast(Any, info[3])), dtype=np.int64, count=len(chunks) * ndim
+            (s.start for info in selections for s in info[3]), dtype=np.int64, count=len(chunks) * ndim
         ).reshape(len(chunks), ndim)
     except (AttributeError, TypeError, ValueError):  # an index array, not a slice
         return None

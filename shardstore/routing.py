@@ -15,7 +15,7 @@ from typing import Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from shardstore.addressing import ChunkAddress, ShardAddress, locate
+from shardstore.addressing import ChunkAddress, ShardAddress, locate, shard_address
 from shardstore.catalog import ArrayCatalog
 from shardstore.errors import ChunkKeyError
 from shardstore.keys import INTEGER, split_key
@@ -46,12 +46,13 @@ class RoutedChunks:
     """Many chunk keys of one sharded array, routed at once: the shards they lie in, in
     the order first met, and for each key its shard (an index into ``shards``) and
     its place there; ``block`` the block of the grid one shard holds, where the grid
-    is regular (None: chunks of several shapes)."""
+    is regular (None: chunks of several shapes); ``keys`` the keys, as given."""
 
     shards: list[ShardAddress]
     shard_of: npt.NDArray[np.intp]
     places: npt.NDArray[np.int64]
     block: tuple[int, ...] | None
+    keys: Sequence[str]
 
 
 class KeyRouter:
@@ -145,6 +146,6 @@ class KeyRouter:
         order = np.argsort(first_of)  # shards in the order their first chunk comes
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        shards = [locate(info, keys[i], tuple(coords[i].tolist())).shard for i in first_of[order].tolist()]
+        shards = [shard_address(info, tuple(shard)) for shard in shard_coords[first_of[order]].tolist()]
         block = fmt.grid_block if info.edges is None else None
-        return RoutedChunks(shards, rank[inverse.reshape(-1)], places, block)
+        return RoutedChunks(shards, rank[inverse.reshape(-1)], places, block, keys)

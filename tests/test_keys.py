@@ -24,7 +24,9 @@ grammars = st.sampled_from(
     ]
 )
 coords_st = st.lists(st.integers(0, 10**6), min_size=0, max_size=4).map(tuple)
-paths = st.lists(st.sampled_from(["a", "g", "c", "0", "x.y", "12"]), max_size=3).map("/".join)
+paths = st.lists(st.sampled_from(["a", "g", "c", "0", "x.y", "12", "données", "\udcff"]), max_size=3).map(
+    "/".join
+)
 
 
 @given(grammars, coords_st)
@@ -123,6 +125,7 @@ def test_many_keys_decode_at_once_as_one_by_one(
         "a/c/1/2x",
         "b/c/1/2",  # another array
         "a/c/1.2",  # another separator
+        "a/c/1\n2",  # a newline for a separator (as the keys are parsed joined by newlines)
         "a/c/99999999999999999999/2",  # beyond int64
     ],
 )
