@@ -41,7 +41,7 @@ try:
 except ImportError:  # the ``fast`` extra is not installed: numcodecs alone
     zstandard = None
 
-__all__ = ["ChunkCodec", "chunk_codec"]
+__all__ = ["ChunkCodec", "FrameDamage", "chunk_codec"]
 
 _SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 NUMCODECS_FROM = 512 << 10
@@ -234,6 +234,46 @@ def _native(segments: npt.NDArray[np.uint64]) -> bytes:
     return np.ascontiguousarray(segments, dtype=np.uint64).tobytes()
 
 
+class FrameDamage(ValueError):
+    """A chunk's stored bytes are damaged in a way its decoder would not see itself."""
+
+
+BLOSC_HEADER = 16
+"""Bytes of a blosc frame's header; its last four hold the whole frame's size."""
+
+
+class _Blosc:
+    """numcodecs' Blosc, decoding only a frame that holds as many bytes as its header
+    says: blosc trusts the header, and reads on past a frame cut short (an index entry
+    too small) into whatever follows it, the rest of its shard where a chunk is a view
+    of it: values silently wrong."""
+
+    def __init__(self, codec: numcodecs.Blosc) -> None:
+        self.codec = codec
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Blosc) and self.codec == other.codec
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.codec.get_config().items())))
+
+    def encode(self, data: Any) -> Any:
+        return self.codec.encode(data)
+
+    def decode(self, data: Any) -> Any:
+        self.check(data)
+        return self.codec.decode(data)
+
+    @staticmethod
+    def check(data: Any) -> None:
+        """FrameDamage where ``data`` is shorter than its header or the size it gives."""
+        view = memoryview(data).cast("B")
+        claimed = int.from_bytes(view[12:BLOSC_HEADER], "little") if view.nbytes >= BLOSC_HEADER else None
+        if claimed is None or claimed > view.nbytes:
+            said = "no whole header" if claimed is None else f"a header that says {claimed}"
+            raise FrameDamage(f"a blosc frame of {view.nbytes} bytes with {said}")
+
+
 @dataclass(frozen=True)
 class ChunkCodec:
     """One array's chunk codec chain, run with numpy and numcodecs.
@@ -269,6 +309,14 @@ class ChunkCodec:
         for codec in reversed(self.compressors):
             data = codec.decode(data)
         return data
+
+    def check(self, stored: Any) -> None:
+        """FrameDamage where a chunk's stored bytes are damaged in a way zarr's codecs
+        would not see (see :class:`_Blosc`): they get bytes held for them only once
+        these pass. A checksum sees all damage itself."""
+        outer = self.compressors[-1] if self.compressors else None
+        if isinstance(outer, _Blosc) and not self.checksum:
+            outer.check(stored)
 
     @property
     def in_order(self) -> bool:
@@ -367,17 +415,21 @@ def chunk_codec(codecs: Sequence[Any], spec: Any) -> ChunkCodec | None:
             compressor: Any = codec.compressor
             if isinstance(compressor, numcodecs.Zstd):
                 compressor = _Zstd(compressor.level, compressor.checksum)
+            elif isinstance(compressor, numcodecs.Blosc):
+                compressor = _Blosc(compressor)
             if compressor is not None:
                 compressors.append(compressor)
         elif isinstance(codec, ZstdCodec) and not checksum:
             compressors.append(_Zstd(codec.level, codec.checksum))
         elif isinstance(codec, BloscCodec) and not checksum:
             compressors.append(
-                numcodecs.Blosc(
-                    cname=_value(codec.cname),
-                    clevel=codec.clevel,
-                    shuffle=_SHUFFLES[_value(codec.shuffle)],
-                    blocksize=codec.blocksize,
+                _Blosc(
+                    numcodecs.Blosc(
+                        cname=_value(codec.cname),
+                        clevel=codec.clevel,
+                        shuffle=_SHUFFLES[_value(codec.shuffle)],
+                        blocksize=codec.blocksize,
+                    )
                 )
             )
         elif isinstance(codec, GzipCodec) and not checksum:

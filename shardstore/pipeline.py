@@ -61,7 +61,7 @@ from zarr.storage import StorePath
 
 from shardstore.addressing import ShardAddress
 from shardstore.blocks import Box, shard_boxes
-from shardstore.chunk_codecs import ChunkCodec, chunk_codec
+from shardstore.chunk_codecs import ChunkCodec, FrameDamage, chunk_codec
 from shardstore.chunk_work import (
     REPORTS,
     ShardPart,
@@ -175,13 +175,19 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         )
         return dataclasses.replace(evolved, fallback=other)
 
-    async def _read_by_zarr(self, items: list[Any], out: NDBuffer, drop_axes: tuple[int, ...]) -> Any:
-        """zarr's codecs decode chunks held with their bytes into ``out`` (see :func:`_named`)."""
-        return await _named(self, lambda part: self.read_batch(part, out, drop_axes), items)
+    async def _read_by_zarr(
+        self, items: list[Any], out: NDBuffer, drop_axes: tuple[int, ...], codec: ChunkCodec | None
+    ) -> Any:
+        """zarr's codecs decode chunks held with their bytes into ``out``, once ``codec``
+        finds no damage they would not see (see :func:`_named`)."""
+        return await _named(self, lambda part: self.read_batch(part, out, drop_axes), items, codec)
 
-    async def _write_by_zarr(self, items: list[Any], value: NDBuffer, drop_axes: tuple[int, ...]) -> None:
-        """zarr's codecs merge and encode chunks held with their bytes (see :func:`_named`)."""
-        await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
+    async def _write_by_zarr(
+        self, items: list[Any], value: NDBuffer, drop_axes: tuple[int, ...], codec: ChunkCodec | None
+    ) -> None:
+        """zarr's codecs merge and encode chunks held with their bytes, once ``codec``
+        finds no damage they would not see (see :func:`_named`)."""
+        await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, codec, writing=True)
 
     def _other_store_pipeline(self, chunks: Sequence[ChunkInfo]) -> CodecPipeline | None:
         """The fallback, for a selection of an array outside any ShardingStore."""
@@ -216,7 +222,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             items = [(held[n], *chunks[n][1:]) for n in group]
             got: Sequence[Any] | None
             if codec is None:
-                got = await self._read_by_zarr(items, out, drop_axes)
+                got = await self._read_by_zarr(items, out, drop_axes, None)
             else:  # decoded straight into the output, by a thread per core
                 reports: list[Any] = [None] * len(items)
                 failed: list[int] = []
@@ -225,7 +231,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
-                    redone = await self._read_by_zarr([items[k] for k in failed], out, drop_axes)
+                    redone = await self._read_by_zarr([items[k] for k in failed], out, drop_axes, codec)
                     for k, result in zip(failed, redone or (), strict=False):
                         reports[k] = result
                 got = reports
@@ -292,7 +298,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
         if failed:  # zarr's codecs decode them, or say what is wrong
-            redone = await self._read_by_zarr(_held_items(chunks, failed), out, drop_axes)
+            redone = await self._read_by_zarr(_held_items(chunks, failed), out, drop_axes, codec)
             for (n, _), result in zip(failed, redone or (), strict=False):
                 results[n] = result
         return tuple(results) if REPORTS else None
@@ -336,7 +342,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
-                await self._write_by_zarr(items, value, drop_axes)  # zarr's codecs, or what they say
+                await self._write_by_zarr(items, value, drop_axes, codec)  # zarr's codecs, or what they say
             else:
                 for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
@@ -415,7 +421,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 new[k] = encoding
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
-                await self._write_by_zarr(items, value, drop_axes)
+                await self._write_by_zarr(items, value, drop_axes, codec)
                 where = {
                     n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
                 }
@@ -631,6 +637,7 @@ async def _named(
     pipeline: CodecPipeline,
     run: Callable[[list[Any]], Awaitable[R]],
     items: list[Any],
+    codec: ChunkCodec | None,
     *,
     writing: bool = False,
 ) -> R:
@@ -640,27 +647,37 @@ async def _named(
     raised its cause: that error names no chunk (numcodecs' zstd says only "invalid input
     data"). A read decodes every chunk stored, a write (``writing``) those it covers in
     part. Where every chunk decodes, the failure is no damage (a value that does not
-    encode, an ``out`` that cannot be written, memory): it is raised as it is."""
+    encode, an ``out`` that cannot be written, memory): it is raised as it is. Damage
+    zarr's codecs would not see (:meth:`ChunkCodec.check`) is named before they run."""
+    needed = [item for item in items if item[0].value is not None and not (writing and item[4])]
+    if codec is not None:  # (4: covered whole, its old bytes unread)
+        for item in needed:
+            try:
+                codec.check(item[0].value.as_numpy_array())
+            except FrameDamage as exc:
+                raise _damaged(item[0].path, exc, writing) from exc
     try:
         return await run(items)
     except ShardStoreError:
         raise
     except Exception as exc:
         failure = exc
-    for item in items:
-        held, spec = item[0], item[1]
-        if held.value is None or (writing and item[4]):  # (4: covered whole, its old bytes unread)
-            continue
+    for item in needed:
         try:
-            await pipeline.decode([(held.value, spec)])
+            await pipeline.decode([(item[0].value, item[1])])
         except MemoryError:  # (no finding about the bytes)
             break
         except Exception as exc:
-            needed = ", and a write of part of the chunk needs the rest of its values" if writing else ""
-            raise ChunkDecodeError(
-                f"chunk {held.path!r}: its stored bytes do not decode{needed}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _damaged(item[0].path, exc, writing) from exc
     raise failure
+
+
+def _damaged(path: str, cause: Exception, writing: bool) -> ChunkDecodeError:
+    """The error naming chunk ``path`` whose stored bytes do not decode (``cause``)."""
+    needed = ", and a write of part of the chunk needs the rest of its values" if writing else ""
+    return ChunkDecodeError(
+        f"chunk {path!r}: its stored bytes do not decode{needed}: {type(cause).__name__}: {cause}"
+    )
 
 
 def _held_items(chunks: Sequence[ChunkInfo], stored: list[tuple[int, bytes | None]]) -> list[tuple[Any, ...]]:

@@ -9,6 +9,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -125,6 +126,39 @@ def test_a_write_of_part_of_a_damaged_chunk_raises_an_error_naming_it_and_change
     assert shard.read_bytes() == before
     ours[4:8, 5:10] = 3  # the whole chunk: its old bytes are not needed
     np.testing.assert_array_equal(ours[4:8, 5:10], 3)
+
+
+@pytest.mark.parametrize("cut", [0, 9, 1], ids=["empty", "part-of-a-header", "one-byte-short"])
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_a_blosc_chunk_its_index_entry_cuts_short_is_named_not_read_past(
+    tmp_path: Path, zarr_format: int, cut: int
+) -> None:
+    """blosc trusts a frame's header for its size: a chunk whose index entry holds fewer
+    bytes would be decoded from the bytes after it, values silently wrong (a slab, a
+    single chunk) or right by chance (a whole read). Every read names the chunk
+    instead, as does a write of part of it, which changes nothing."""
+    blosc: Any = numcodecs.Blosc(cname="lz4") if zarr_format == 2 else BloscCodec(cname="lz4")
+    arr = zarr.create_array(
+        ShardingStore(str(tmp_path), (4, 4)), name="a", shape=(16, 16), chunks=(2, 2), dtype="f4",
+        fill_value=-1, zarr_format=zarr_format, compressors=blosc,
+    )  # fmt: skip
+    arr[:] = np.arange(256, dtype="f4").reshape(16, 16)
+    key, shard = ("a/c/0/1", tmp_path / "a/c/0/0") if zarr_format == 3 else ("a/0.1", tmp_path / "a/0.0")
+    blob = bytearray(shard.read_bytes())
+    index = np.frombuffer(bytes(blob[-256:]), dtype="<u8").reshape(16, 2).copy()  # (offset, nbytes) rows
+    index[1, 1] = cut if cut != 1 else index[1, 1] - 1  # chunk (0, 1): the shard's second
+    blob[-256:] = index.tobytes()
+    shard.write_bytes(bytes(blob))
+    for selection in (np.s_[0:2, 2:4], np.s_[0:2, :], np.s_[:]):
+        with pytest.raises(
+            ChunkDecodeError, match=rf"chunk '{key}': its stored bytes do not decode"
+        ) as caught:
+            zarr.open_array(ShardingStore(str(tmp_path)), path="a")[selection]
+        assert "blosc frame" in str(caught.value)
+    for selection in (np.s_[0, 3], np.s_[0, :]):  # a chunk alone, a row across shards
+        with pytest.raises(ChunkDecodeError, match=rf"chunk '{key}': .*a write of part of the chunk"):
+            zarr.open_array(ShardingStore(str(tmp_path)), path="a", mode="r+")[selection] = 5
+        assert shard.read_bytes() == bytes(blob)
 
 
 def test_a_failure_of_sound_chunks_is_raised_as_it_is_not_as_damage(tmp_path: Path) -> None:
