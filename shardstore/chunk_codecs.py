@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ try:
 except ImportError:  # the ``fast`` extra is not installed: numcodecs alone
     zstandard = None
 
-__all__ = ["ChunkCodec", "FrameDamage", "chunk_codec"]
+__all__ = ["ChunkCodec", "FrameDamage", "chunk_codec", "frame_check"]
 
 _SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 NUMCODECS_FROM = 512 << 10
@@ -310,14 +310,6 @@ class ChunkCodec:
             data = codec.decode(data)
         return data
 
-    def check(self, stored: Any) -> None:
-        """FrameDamage where a chunk's stored bytes are damaged in a way zarr's codecs
-        would not see (see :class:`_Blosc`): they get bytes held for them only once
-        these pass. A checksum sees all damage itself."""
-        outer = self.compressors[-1] if self.compressors else None
-        if isinstance(outer, _Blosc) and not self.checksum:
-            outer.check(stored)
-
     @property
     def in_order(self) -> bool:
         """Whether a chunk's stored elements are in the chunk's C order (no transpose)."""
@@ -389,6 +381,16 @@ class ChunkCodec:
         if self.checksum:
             out += google_crc32c.value(out).to_bytes(4, "little")
         return out
+
+
+def frame_check(codecs: Sequence[Any]) -> Callable[[Any], None] | None:
+    """What finds damage to a chunk's stored bytes that the decoder of a chain of zarr
+    codec objects (in order) would not see itself, raising FrameDamage: a blosc frame
+    cut short (see :class:`_Blosc`), where blosc reads the stored bytes. None: nothing."""
+    outer = codecs[-1] if codecs else None
+    if isinstance(outer, V2Codec):  # (its compressor runs last)
+        outer = outer.compressor
+    return _Blosc.check if isinstance(outer, BloscCodec | numcodecs.Blosc) else None
 
 
 def chunk_codec(codecs: Sequence[Any], spec: Any) -> ChunkCodec | None:

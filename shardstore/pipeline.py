@@ -61,7 +61,7 @@ from zarr.storage import StorePath
 
 from shardstore.addressing import ShardAddress
 from shardstore.blocks import Box, shard_boxes
-from shardstore.chunk_codecs import ChunkCodec, FrameDamage, chunk_codec
+from shardstore.chunk_codecs import ChunkCodec, FrameDamage, chunk_codec, frame_check
 from shardstore.chunk_work import (
     REPORTS,
     ShardPart,
@@ -175,19 +175,13 @@ class ShardAwarePipeline(BatchedCodecPipeline):
         )
         return dataclasses.replace(evolved, fallback=other)
 
-    async def _read_by_zarr(
-        self, items: list[Any], out: NDBuffer, drop_axes: tuple[int, ...], codec: ChunkCodec | None
-    ) -> Any:
-        """zarr's codecs decode chunks held with their bytes into ``out``, once ``codec``
-        finds no damage they would not see (see :func:`_named`)."""
-        return await _named(self, lambda part: self.read_batch(part, out, drop_axes), items, codec)
+    async def _read_by_zarr(self, items: list[Any], out: NDBuffer, drop_axes: tuple[int, ...]) -> Any:
+        """zarr's codecs decode chunks held with their bytes into ``out`` (see :func:`_named`)."""
+        return await _named(self, lambda part: self.read_batch(part, out, drop_axes), items)
 
-    async def _write_by_zarr(
-        self, items: list[Any], value: NDBuffer, drop_axes: tuple[int, ...], codec: ChunkCodec | None
-    ) -> None:
-        """zarr's codecs merge and encode chunks held with their bytes, once ``codec``
-        finds no damage they would not see (see :func:`_named`)."""
-        await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, codec, writing=True)
+    async def _write_by_zarr(self, items: list[Any], value: NDBuffer, drop_axes: tuple[int, ...]) -> None:
+        """zarr's codecs merge and encode chunks held with their bytes (see :func:`_named`)."""
+        await _named(self, lambda part: self.write_batch(part, value, drop_axes), items, writing=True)
 
     def _other_store_pipeline(self, chunks: Sequence[ChunkInfo]) -> CodecPipeline | None:
         """The fallback, for a selection of an array outside any ShardingStore."""
@@ -222,7 +216,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             items = [(held[n], *chunks[n][1:]) for n in group]
             got: Sequence[Any] | None
             if codec is None:
-                got = await self._read_by_zarr(items, out, drop_axes, None)
+                got = await self._read_by_zarr(items, out, drop_axes)
             else:  # decoded straight into the output, by a thread per core
                 reports: list[Any] = [None] * len(items)
                 failed: list[int] = []
@@ -231,7 +225,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(scatter, len(items), nbytes=_nbytes(codec, chunks, len(items)))
                 if failed:  # zarr's codecs decode them, or say what is wrong
-                    redone = await self._read_by_zarr([items[k] for k in failed], out, drop_axes, codec)
+                    redone = await self._read_by_zarr([items[k] for k in failed], out, drop_axes)
                     for k, result in zip(failed, redone or (), strict=False):
                         reports[k] = result
                 got = reports
@@ -298,7 +292,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
             else:
                 await _ahead(_groups(routed, internals.fetch_concurrency), fetch, decode)
         if failed:  # zarr's codecs decode them, or say what is wrong
-            redone = await self._read_by_zarr(_held_items(chunks, failed), out, drop_axes, codec)
+            redone = await self._read_by_zarr(_held_items(chunks, failed), out, drop_axes)
             for (n, _), result in zip(failed, redone or (), strict=False):
                 results[n] = result
         return tuple(results) if REPORTS else None
@@ -342,7 +336,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 )
                 await in_threads(merge, len(items), nbytes=_nbytes(codec, chunks, len(items)))
             if codec is None or any(isinstance(e, Exception) for e in new):
-                await self._write_by_zarr(items, value, drop_axes, codec)  # zarr's codecs, or what they say
+                await self._write_by_zarr(items, value, drop_axes)  # zarr's codecs, or what they say
             else:
                 for (held_chunk, *_), data in zip(items, new, strict=True):
                     assert not isinstance(data, Exception)
@@ -421,7 +415,7 @@ class ShardAwarePipeline(BatchedCodecPipeline):
                 new[k] = encoding
             if failed:  # zarr's codecs merge and encode them, or say what is wrong
                 items = _held_items(chunks, failed)
-                await self._write_by_zarr(items, value, drop_axes, codec)
+                await self._write_by_zarr(items, value, drop_axes)
                 where = {
                     n: (k, int(routed.places[n])) for k, s in enumerate(group) for n in members[s].tolist()
                 }
@@ -634,10 +628,9 @@ def _boxes(
 
 
 async def _named(
-    pipeline: CodecPipeline,
+    pipeline: ShardAwarePipeline,
     run: Callable[[list[Any]], Awaitable[R]],
     items: list[Any],
-    codec: ChunkCodec | None,
     *,
     writing: bool = False,
 ) -> R:
@@ -648,12 +641,13 @@ async def _named(
     data"). A read decodes every chunk stored, a write (``writing``) those it covers in
     part. Where every chunk decodes, the failure is no damage (a value that does not
     encode, an ``out`` that cannot be written, memory): it is raised as it is. Damage
-    zarr's codecs would not see (:meth:`ChunkCodec.check`) is named before they run."""
+    zarr's codecs would not see (:func:`frame_check`) is named before they run."""
     needed = [item for item in items if item[0].value is not None and not (writing and item[4])]
-    if codec is not None:  # (4: covered whole, its old bytes unread)
+    check = frame_check(list(pipeline))  # (4: covered whole, its old bytes unread)
+    if check is not None:
         for item in needed:
             try:
-                codec.check(item[0].value.as_numpy_array())
+                check(item[0].value.as_numpy_array())
             except FrameDamage as exc:
                 raise _damaged(item[0].path, exc, writing) from exc
     try:
