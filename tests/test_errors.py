@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from shardstore import (
     ChunkKeyError,
@@ -188,3 +190,39 @@ def test_a_batch_commit_error_pickles_whole() -> None:
     error = BatchCommitError("2 shard(s) ...", {"a/c/0/0": ValueError("x")})
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and list(again.failed) == ["a/c/0/0"]
+
+
+class _FailsOneKey(WrapperStore[Any]):
+    """A zarr store whose reads of one key fail, alone or in a batch (whose error names no key)."""
+
+    bad = "a/c/1/1"
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        if key == self.bad:
+            raise OSError(5, "I/O error")
+        return await self._store.get(key, prototype, byte_range)
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> Any:
+        key_ranges = list(key_ranges)
+        if any(key == self.bad for key, _ in key_ranges):
+            raise OSError(5, "I/O error")
+        return await self._store.get_partial_values(prototype, key_ranges)
+
+
+@pytest.mark.parametrize("inner", ["local", "zarr-store"])
+def test_a_read_of_many_shards_names_the_one_that_fails(tmp_path: Path, inner: str) -> None:
+    """Not the first shard of the batch: a user is sent to the shard at fault."""
+    store: Any = LocalStore(tmp_path) if inner == "local" else MemoryStore()
+    arr = zarr.create_array(
+        ShardingStore(store, (2, 2)), name="a", shape=(8, 8), chunks=(2, 2), dtype="i4", compressors=None
+    )
+    arr[:] = 1
+    if inner == "local":  # a file the system cannot open: a symbolic link to itself
+        (tmp_path / "a/c/1/1").unlink()
+        (tmp_path / "a/c/1/1").symlink_to(tmp_path / "a/c/1/1")
+    else:
+        store = _FailsOneKey(store)
+    arr = zarr.open_array(ShardingStore(store), path="a")
+    for selection in (np.s_[:], np.s_[3:5, :], np.s_[4:8, 4:8]):  # many shards, a slab, the one alone
+        with pytest.raises(InnerStoreError, match=r"failed to read 'a/c/1/1': OSError"):
+            arr[selection]

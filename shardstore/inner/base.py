@@ -84,7 +84,12 @@ def failure(op: str, key: str) -> Iterator[None]:
         interrupted = _interruption(exc)
         if interrupted is not None:
             raise interrupted from None
-        raise InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}") from exc
+        raise storage_error(op, key, exc) from exc
+
+
+def storage_error(op: str, key: str, exc: Exception) -> InnerStoreError:
+    """The error naming the operation and key that failed (``exc``: its cause)."""
+    return InnerStoreError(f"inner store failed to {op} {key!r}: {type(exc).__name__}: {exc}")
 
 
 _INTERRUPTIONS = (asyncio.CancelledError, GeneratorExit, KeyboardInterrupt)

@@ -32,6 +32,7 @@ from shardstore.inner.base import (
     failure,
     handing_as_read,
     is_temporary,
+    storage_error,
     took,
     written_nbytes,
 )
@@ -275,7 +276,7 @@ class LocalInner(InnerStore):
         def read(part: range) -> None:
             for k in part:
                 key, byte_range = requests[k]
-                took(got, k, self._read_versioned(self._file(key), byte_range, expected[k], into=into), then)
+                took(got, k, self._read_key(key, byte_range, expected[k], into=into), then)
 
         with failure("read", requests[0][0] if requests else ""):
             if _bulky(requests):
@@ -307,7 +308,7 @@ class LocalInner(InnerStore):
         began, left = time.monotonic(), BULKY_BYTES
         for k, (key, byte_range) in enumerate(requests):
             try:
-                read = self._read_versioned(self._file(key), byte_range, expected[k], at_once=left, into=into)
+                read = self._read_key(key, byte_range, expected[k], at_once=left, into=into)
             except _WouldWait as wait:
                 self._at_once = not wait.always
                 return k
@@ -320,6 +321,21 @@ class LocalInner(InnerStore):
                 self._at_once = False
                 return k + 1
         return len(requests)
+
+    def _read_key(
+        self,
+        key: str,
+        byte_range: ByteRequest | None,
+        expected: Hashable | None,
+        at_once: int | None = None,
+        into: ReadInto | None = None,
+    ) -> tuple[ChunkBytes | None, Hashable | None]:
+        """One read of a batch (:meth:`_read_versioned`); its failure names its own key,
+        not the batch's first."""
+        try:
+            return self._read_versioned(self._file(key), byte_range, expected, at_once=at_once, into=into)
+        except OSError as exc:
+            raise storage_error("read", key, exc) from exc
 
     def version(self, key: str) -> Hashable | None:
         try:

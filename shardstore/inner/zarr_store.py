@@ -35,15 +35,16 @@ class ZarrInner(InnerStore):
         return None if buf is None else buf.to_bytes()
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        """One ``get_partial_values`` batch. Some stores (zarr 3.1's LocalStore, so any
-        wrapper of one) raise for a missing key there where ``get`` returns None:
-        then each read is made alone, so "not found" is per key."""
+        """One ``get_partial_values`` batch. Where it fails, each read is made alone: the
+        batch's error names no key (the one that failed is named by its own), and some
+        stores (zarr 3.1's LocalStore, so any wrapper of one) raise for a missing key
+        there where ``get`` returns None ("not found" is then per key)."""
+        if len(requests) < 2:
+            return [await self.get(key, byte_range) for key, byte_range in requests]
         try:
-            with failure("read", requests[0][0] if requests else ""):
+            with failure("read", requests[0][0]):
                 bufs = await self.store.get_partial_values(default_buffer_prototype(), list(requests))
-        except InnerStoreError as exc:
-            if not isinstance(exc.__cause__, FileNotFoundError):
-                raise
+        except InnerStoreError:
             return list(await gather(*(self.get(k, r) for k, r in requests)))
         return [None if b is None else b.to_bytes() for b in bufs]
 
