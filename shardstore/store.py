@@ -66,7 +66,7 @@ class ShardingStore(Store):
         layout: How new arrays' metadata describes their sharding:
             ``"transformer"`` (the ZEP 2 storage transformer) or ``"codec"`` (the
             standard ``sharding_indexed`` codec, readable without shardstore).
-        read_only: Refuse every write.
+        read_only: Refuse every write (as it does over a read-only zarr store).
         index_location: Where new shards keep their index, ``"end"`` or ``"start"``.
         index_checksum: Whether new shards' indices carry a crc32c.
         write_strategy: ``"rewrite"`` writes each commit as one compact shard;
@@ -143,7 +143,8 @@ class ShardingStore(Store):
         self._inner_arg = inner
         self._storage_options = storage_options
         self._inner = adapt(inner, storage_options)
-        if self._inner.read_only:  # a read-only Icechunk session: refused here, naming the key
+        if self._inner.read_only or (isinstance(inner, Store) and inner.read_only):
+            # a read-only zarr store (or Icechunk session): writes refused here, naming the key
             self._read_only = True
         self._policy = ShardingPolicy(chunks_per_shard, index_location, index_checksum)
         self._catalog = ArrayCatalog(self._inner)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zarr
-from zarr.core.buffer import cpu
+from zarr.core.buffer import cpu, default_buffer_prototype
+from zarr.storage import FsspecStore, LocalStore, MemoryStore
 
 from shardstore import ReadOnlyError, ShardingStore, StrategyFallbackWarning, UnshardedArrayWarning
 
@@ -51,6 +53,28 @@ async def test_a_read_only_store_refuses_batches_and_writes_with_read_only_error
     with pytest.raises(ReadOnlyError):
         await store.set("a/c/0/0", cpu.Buffer.from_bytes(b"\x01" * 4))
     assert isinstance(ReadOnlyError("x"), ValueError)  # zarr's own read-only error type
+
+
+@pytest.mark.parametrize("inner", ["local", "fsspec", "memory"])
+async def test_a_read_only_zarr_store_given_makes_the_store_read_only(tmp_path: Path, inner: str) -> None:
+    """As zarr's own wrappers do: writes are refused naming the key, the shard unchanged
+    (over local files they went through: the adapter reads the files directly)."""
+    writable: Any = MemoryStore() if inner == "memory" else LocalStore(tmp_path)
+    arr = zarr.create_array(
+        ShardingStore(writable, (2, 2)), name="a", shape=(4, 4), chunks=(2, 2), dtype="u1"
+    )
+    arr[:] = 1
+    before = await writable.get("a/c/0/0", default_buffer_prototype())
+    given: Any = (
+        FsspecStore.from_url(f"file://{tmp_path}", read_only=True)
+        if inner == "fsspec"
+        else writable.with_read_only(True)
+    )
+    store = ShardingStore(given)
+    assert store.read_only
+    with pytest.raises(ReadOnlyError, match="'a/c/0/0' was not written"):
+        await store.set("a/c/0/0", cpu.Buffer.from_bytes(b"\x02" * 4))
+    assert (await writable.get("a/c/0/0", default_buffer_prototype())) == before
 
 
 def test_commits_retries_and_read_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
