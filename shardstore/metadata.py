@@ -397,6 +397,9 @@ class ShardingPolicy:
 
     def __post_init__(self) -> None:
         cps = self.chunks_per_shard
+        if isinstance(cps, np.ndarray) and cps.ndim == 1:  # (computed with numpy)
+            cps = cps.tolist()
+            object.__setattr__(self, "chunks_per_shard", cps)
         ok = (
             cps is None
             or isinstance(cps, ShardFormat)
@@ -429,7 +432,13 @@ class ShardingPolicy:
             same_rank = cps.grid_block is None or len(cps.grid_block) == ndim
             chosen: Any = cps if same_rank else None
         elif callable(cps):
-            chosen = cps(path, doc)
+            try:
+                chosen = cps(path, doc)
+            except Exception as exc:  # (the user's function: said as a configuration error)
+                raise ShardingConfigError(
+                    f"array {path or '/'!r}: chunks_per_shard({path!r}, metadata) raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
         elif isinstance(cps, Mapping):
             chosen = next((v for k, v in cps.items() if k.strip("/") == path), None)
         else:

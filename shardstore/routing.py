@@ -32,6 +32,11 @@ _CACHE_ENTRIES = 1 << 17
 (each cache cleared when full)."""
 
 
+_LOCATABLE = 2**63
+"""Grid coordinates from here on have no shard (shards are numbered with int64): a key
+beyond the grid this far holds nothing."""
+
+
 def _place(info: ArrayInfo | None, key: str) -> tuple[tuple[int, ...] | None, bool]:
     """Grid coordinates of ``key`` if it is a chunk key of the sharded array ``info``
     (any position), and whether they lie inside the array's grid."""
@@ -111,7 +116,9 @@ class KeyRouter:
                 f"cannot write {key!r}: {what} of array {info.path or '/'!r} "
                 f"(grid shape {list(info.grid_shape)})"
             )
-        if coords is None or (not inside and info.shard_format.places_follow_grid):
+        if coords is None or (
+            not inside and (info.shard_format.places_follow_grid or max(coords, default=0) >= _LOCATABLE)
+        ):
             return "absent"  # (chunk ids number only the grid's positions)
         address = locate(info, key, coords)
         if inside:  # valid for reads and writes alike until the catalog changes

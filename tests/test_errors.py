@@ -94,6 +94,20 @@ def test_bad_callable_config() -> None:
         zarr.create_array(store, name="x", shape=(8,), chunks=(2,), dtype="u1")
 
 
+def test_a_callable_config_that_raises_is_a_config_error_naming_the_array() -> None:
+    store = ShardingStore({}, chunks_per_shard=lambda path, meta: 1 // 0)
+    with pytest.raises(ShardingConfigError, match=r"array 'x'.*raised ZeroDivisionError") as info:
+        zarr.create_array(store, name="x", shape=(8,), chunks=(2,), dtype="u1")
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_numpy_integers_shard_as_ints_do() -> None:
+    backing: dict[str, Any] = {}
+    store = ShardingStore(backing, chunks_per_shard=np.array([2, 2]))
+    zarr.create_array(store, name="a", shape=(8, 8), chunks=(2, 2), dtype="u1")[:] = 1
+    assert sorted(k for k in backing if "/c/" in k) == ["a/c/0/0", "a/c/0/1", "a/c/1/0", "a/c/1/1"]
+
+
 @pytest.mark.parametrize("bad", ["4,4", 4, 3.5])
 def test_config_of_the_wrong_type(bad: Any) -> None:
     with pytest.raises(ShardingConfigError, match="chunks_per_shard must be"):
@@ -130,6 +144,12 @@ def test_write_outside_the_grid_raises_but_delete_is_a_noop() -> None:
     asyncio.run(store.delete("a/c/9/9"))
     asyncio.run(store.delete("a/c/"))
     assert asyncio.run(store.get("a/c/0", default_buffer_prototype())) is None
+    for huge in ("a/c/9223372036854775808/1", "a/c/18446744073709551616/0"):  # no int64 shard number
+        with pytest.raises(ChunkKeyError, match="outside the chunk grid"):
+            asyncio.run(store.set(huge, buf))
+        asyncio.run(store.delete(huge))
+        assert asyncio.run(store.get(huge, default_buffer_prototype())) is None
+        assert not asyncio.run(store.exists(huge))
 
 
 @pytest.mark.parametrize("key", ["../escape", "/etc/passwd", "a/../../b"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
@@ -148,8 +149,9 @@ class IndexedFormat(ShardFormat):
         cps = config.get("chunks_per_shard")
         if isinstance(cps, str | bytes) or not isinstance(cps, list | tuple):
             raise ShardingConfigError(f"{where}: chunks_per_shard {cps!r} is not a sequence of integers")
-        if any(not isinstance(c, int) or isinstance(c, bool) or c < 1 for c in cps):
+        if any(not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 1 for c in cps):
             raise ShardingConfigError(f"{where}: chunks_per_shard {list(cps)} must be positive integers")
+        cps = [int(c) for c in cps]  # (numpy's integers too)
         n = math.prod(cps)
         if n > MAX_CHUNKS_PER_SHARD:
             raise ShardingConfigError(
