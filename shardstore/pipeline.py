@@ -642,8 +642,9 @@ async def _named(
     part. Where every chunk decodes, the failure is no damage (a value that does not
     encode, an ``out`` that cannot be written, memory): it is raised as it is. Damage
     zarr's codecs would not see (:func:`frame_check`) is named before they run."""
+    # the chunks whose bytes are decoded (4: covered whole by a write, its old bytes unread)
     needed = [item for item in items if item[0].value is not None and not (writing and item[4])]
-    check = frame_check(list(pipeline))  # (4: covered whole, its old bytes unread)
+    check = frame_check(list(pipeline))
     if check is not None:
         for item in needed:
             try:
