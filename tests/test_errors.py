@@ -41,6 +41,29 @@ def test_truncated_shard_raises_format_error_naming_shard() -> None:
     assert isinstance(info.value, ShardStoreError)
 
 
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize("where", ["local", "mapping"])
+def test_a_shard_cut_short_is_said_to_be_so_whatever_its_index_then_reads(
+    tmp_path: Path, where: str, checksum: bool
+) -> None:
+    """A shard cut short has its index read from the wrong bytes, which then says
+    anything (overlapping ranges, ranges past the end, a bad checksum): the error
+    names the shard and the likely cause, for every cut, on every read."""
+    for cut in (1, 5, 8, 13, 16, 40, 64, 70, 100):
+        inner: Any = LocalStore(tmp_path / str(cut)) if where == "local" else {}
+        store = ShardingStore(inner, chunks_per_shard=(2, 2), index_checksum=checksum)
+        arr = zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="i4", compressors=None)
+        arr[:] = np.arange(16, dtype="i4").reshape(4, 4)
+        if where == "local":
+            shard = tmp_path / str(cut) / "a" / "c" / "0" / "0"
+            shard.write_bytes(shard.read_bytes()[:-cut])
+        else:
+            inner["a/c/0/0"] = inner["a/c/0/0"][:-cut]
+        for selection in (np.s_[:], np.s_[0, 0], np.s_[1:2, :]):
+            with pytest.raises(ShardFormatError, match=r"'a/c/0/0'.*(cut short|truncated|fewer than)"):
+                zarr.open_array(ShardingStore(inner), path="a")[selection]
+
+
 def test_index_pointing_past_the_end() -> None:
     store, _, backing = _sharded()
     layout = IndexedFormat((2, 2))

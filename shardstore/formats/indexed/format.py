@@ -365,7 +365,8 @@ class IndexedFormat(ShardFormat):
             actual = google_crc32c.value(bytes(entries))
             if stored != actual:
                 raise ShardFormatError(
-                    f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+                    f"shard {key!r}: index checksum mismatch (stored {stored:#010x}, computed "
+                    f"{actual:#010x}); {_CUT_OR_OVERWRITTEN}"
                 )
         return entries
 
@@ -384,7 +385,7 @@ class IndexedFormat(ShardFormat):
             raise ShardFormatError(
                 f"shard {key!r}: chunk {pos} claims bytes [{int(offsets[pos])}, "
                 f"{int(offsets[pos]) + int(nbytes[pos])}) outside the data area [{lo}, {hi}) "
-                f"of a {shard_nbytes}-byte shard"
+                f"of a {shard_nbytes}-byte shard; {_CUT_OR_OVERWRITTEN}"
             )
 
     # -- whole shards --------------------------------------------------------------
@@ -540,11 +541,16 @@ def index_problem(index: ShardIndex) -> str | None:
     return overlaps[0] if overlaps else None
 
 
+_CUT_OR_OVERWRITTEN = "the index is damaged, as in a shard cut short or overwritten"
+"""Said with every index that cannot be a writer's: the index of a shard cut short is
+read from the wrong bytes, and its entries then say anything."""
+
+
 def _check_consistent(index: ShardIndex, key: str) -> None:
     """Raise unless the index of shard ``key`` is consistent in itself (see :func:`index_problem`)."""
     problem = index_problem(index)
     if problem is not None:
-        raise ShardFormatError(f"shard {key!r}: {problem}")
+        raise ShardFormatError(f"shard {key!r}: {problem}; {_CUT_OR_OVERWRITTEN}")
 
 
 def _in_order_within(index: ShardIndex, lo: int, hi: int) -> bool:
