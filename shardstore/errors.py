@@ -14,6 +14,7 @@ __all__ = [
     "ConcurrentWriterWarning",
     "InnerStoreError",
     "InvalidKeyError",
+    "InvalidOffsetError",
     "PartialShardWriteError",
     "PipelineChoiceWarning",
     "ReadOnlyError",
@@ -58,6 +59,11 @@ class ChunkKeyError(ShardStoreError, KeyError):
 
 class InvalidKeyError(ShardStoreError, ValueError):
     """A key that could escape the store's root (``..`` segments, leading ``/``)."""
+
+
+class InvalidOffsetError(ShardStoreError, ValueError):
+    """A partial write (``set_partial_values``) at an offset no value has: negative,
+    or not an integer."""
 
 
 class ReadOnlyError(ShardStoreError, ValueError):

@@ -8,6 +8,7 @@ encoding of the coordinates floor-divided by ``chunks_per_shard``.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from shardstore.errors import InvalidKeyError
+from shardstore.errors import InvalidKeyError, InvalidOffsetError
 
 __all__ = [
     "INTEGER",
@@ -25,6 +26,7 @@ __all__ = [
     "candidate_array_paths",
     "check_byte_range",
     "check_key",
+    "checked_offset",
     "join_path",
     "split_key",
 ]
@@ -54,6 +56,20 @@ def check_byte_range(byte_range: Any) -> None:
         byte_range, RangeByteRequest | OffsetByteRequest | SuffixByteRequest
     ):
         raise TypeError(f"Unexpected byte_range, got {byte_range}")
+
+
+def checked_offset(key: str, start: Any) -> int:
+    """The offset of a partial write into ``key``, as an int: a negative one, or one that
+    is not an integer, would splice the bytes somewhere no one asked for."""
+    try:
+        offset = operator.index(start)
+    except TypeError:
+        offset = -1
+    if offset < 0:
+        raise InvalidOffsetError(
+            f"partial write into {key!r} at offset {start!r}: offsets are integers from 0"
+        )
+    return offset
 
 
 def split_key(key: str) -> tuple[str, str]:

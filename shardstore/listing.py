@@ -105,9 +105,12 @@ class ShardLister:
         async for chunk, _ in self.chunks_in(found.shards, prefix):
             yield chunk.key
 
-    async def size_under(self, prefix: str) -> int:
+    async def size_under(self, prefix: str, size_of: Callable[[str], Awaitable[int | None]]) -> int:
+        """The total size of the keys under ``prefix``: chunks' from their shards'
+        indices, each pass-through key's as ``size_of`` tells it (a metadata document
+        as zarr reads it, without the entry that records the sharding)."""
         found = await self.scan(prefix)
-        total = sum(s or 0 for s in await gather(*(self._inner.getsize(k) for k in found.plain)))
+        total = sum(s or 0 for s in await gather(*(size_of(k) for k in found.plain)))
         async for _, nbytes in self.chunks_in(found.shards, prefix):
             total += nbytes
         return total

@@ -26,7 +26,7 @@ from shardstore.inner import ChunkBytes, adapt, slice_range
 from shardstore.inner.base import DEFAULT_ATTEMPTS
 from shardstore.inner.icechunk import IcechunkInner
 from shardstore.internals import StoreInternals
-from shardstore.keys import check_byte_range, check_key, split_key
+from shardstore.keys import check_byte_range, check_key, checked_offset, split_key
 from shardstore.listing import ShardLister, as_dir
 from shardstore.metadata import METADATA_NAMES, ChunksPerShard, ShardingPolicy
 from shardstore.metadata_gateway import MetadataGateway
@@ -224,8 +224,14 @@ class ShardingStore(Store):
         self.__init__(**state)  # type: ignore[misc]
 
     def with_read_only(self, read_only: bool = False) -> ShardingStore:
-        """The same store (same inner store and options), opened read-only or writable."""
-        return type(self)(**self._init_kwargs(), read_only=read_only)
+        """The same store (same inner store and options), opened read-only or writable:
+        writable over a read-only zarr store is over that store's writable twin (its
+        ``with_read_only(False)``), as zarr's own wrappers are."""
+        kwargs = self._init_kwargs()
+        inner = kwargs["inner"]
+        if not read_only and isinstance(inner, Store) and inner.read_only:
+            kwargs["inner"] = inner.with_read_only(False)
+        return type(self)(**kwargs, read_only=read_only)
 
     @property
     def inner(self) -> Any:
@@ -449,8 +455,9 @@ class ShardingStore(Store):
 
     async def getsize_prefix(self, prefix: str) -> int:
         """The total size of the keys under the directory ``prefix/`` (zarr 3.4's rule:
-        a sibling ``prefixx/k`` does not count)."""
-        return await self._lister.size_under(as_dir(prefix))
+        a sibling ``prefixx/k`` does not count): the sum of :meth:`getsize` over the keys
+        :meth:`list_prefix` gives."""
+        return await self._lister.size_under(as_dir(prefix), self._size)
 
     # -- writes --------------------------------------------------------------------
 
@@ -515,7 +522,7 @@ class ShardingStore(Store):
     ) -> None:
         """ZEP 2 ``set_partial_values``: write bytes at an offset into chunks (merged
         per shard, one commit each) or into pass-through objects."""
-        key_start_values = list(key_start_values)
+        key_start_values = [(key, checked_offset(key, start), data) for key, start, data in key_start_values]
         self._check_writable([k for k, _, _ in key_start_values[:1]])
         by_shard: UpdatesByShard = {}
         others: list[tuple[str, int, bytes]] = []

@@ -227,10 +227,82 @@ class TestChunkKeysInsideShards:
         assert [k for k in store.inner if k.startswith("foo/c")] == ["foo/c.0.0"]
         assert await store.getsize("foo/c.1.1") == 3
         # a directory is measured (zarr 3.4): the array's document and its chunks
-        assert await store.getsize_prefix("foo") == 7 + len(store.inner["foo/zarr.json"])
+        assert await store.getsize_prefix("foo") == 7 + await store.getsize("foo/zarr.json")
         assert await store.getsize_prefix("foo/c") == 0  # no directory "foo/c/" here
         await store.delete("foo/c.0.0")
         assert not await store.exists("foo/c.0.0")
         assert await store.exists("foo/c.1.1")
         await store.delete("foo/c.1.1")
         assert [k for k in store.inner if k.startswith("foo/c")] == []
+
+
+_RANGES = [
+    None,
+    *(
+        zarr.abc.store.RangeByteRequest(a, b)
+        for a in (-40, -3, -1, 0, 1, 5, 40)
+        for b in (-40, -2, 0, 2, 6, 40)
+    ),
+    *(zarr.abc.store.OffsetByteRequest(n) for n in (-40, -3, -1, 0, 2, 6, 40)),
+    *(zarr.abc.store.SuffixByteRequest(n) for n in (-3, 0, 2, 6, 40)),
+]
+
+
+def _sliced(value: bytes, request: zarr.abc.store.ByteRequest | None) -> bytes:
+    """What zarr 3.4's MemoryStore takes of ``value`` for ``request``: a Python slice
+    (zarr 3.1's took the last bytes for a suffix longer than the value)."""
+    if isinstance(request, zarr.abc.store.RangeByteRequest):
+        return value[request.start : request.end]
+    if isinstance(request, zarr.abc.store.OffsetByteRequest):
+        return value[request.offset :]
+    if isinstance(request, zarr.abc.store.SuffixByteRequest):
+        return value[max(len(value) - request.suffix, 0) :]
+    return value
+
+
+@pytest.mark.parametrize("read_strategy", ["chunk", "shard"])
+@pytest.mark.parametrize("inner", ["dict", "local"])
+async def test_a_byte_range_of_a_chunk_takes_a_slice_of_its_bytes_never_a_neighbours_byte(
+    tmp_path: Path, inner: str, read_strategy: str
+) -> None:
+    """Any byte request on a chunk key (negative numbers and ranges past the end
+    included) takes of the chunk's own bytes what zarr's MemoryStore takes of the
+    same value; the chunks beside it in the shard are never read into the answer."""
+    backing: Any = {} if inner == "dict" else zarr.storage.LocalStore(tmp_path)
+    store = ShardingStore(backing, chunks_per_shard=(2, 2), read_strategy=read_strategy)
+    zarr.create_array(store, name="a", shape=(4, 4), chunks=(2, 2), dtype="u1", compressors=None)
+    values = {
+        f"a/c/{i}/{j}": bytes([16 * i + 4 * j + k for k in range(5)]) for i in range(2) for j in range(2)
+    }
+    for key, value in values.items():
+        await store.set(key, cpu.Buffer.from_bytes(value))
+    proto = default_buffer_prototype()
+    requests = [(key, r) for key in values for r in _RANGES]
+    for (key, r), got in zip(requests, await store.get_partial_values(proto, requests), strict=True):
+        want = _sliced(values[key], r)
+        assert got is not None and got.to_bytes() == want, (key, r)
+        one = await store.get(key, proto, r)
+        assert one is not None and one.to_bytes() == want, (key, r)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+async def test_the_size_under_a_prefix_is_the_sum_of_the_sizes_of_the_keys_listed(zarr_format: int) -> None:
+    """``getsize_prefix`` measures the keys as zarr sees them: a metadata document
+    without the entry that records the sharding (as ``get`` and ``getsize`` give
+    it), consolidated metadata too; chunks by their index entries."""
+    inner: dict[str, bytes] = {}
+    store = ShardingStore(inner, chunks_per_shard=(2, 2))
+    root = zarr.open_group(store, mode="w", zarr_format=zarr_format)
+    inner_group = root.create_group("g")
+    for parent in (root, inner_group):
+        arr = parent.create_array("a", shape=(6, 6), chunks=(2, 2), dtype="u1", compressors=None)
+        arr[:4, :] = 3
+        arr.attrs["note"] = "kept"
+    zarr.consolidate_metadata(store)
+    for prefix in ("", "a", "g", "g/a"):
+        keys = [k async for k in store.list_prefix(prefix + "/" if prefix else "")]
+        assert any(k.endswith(("zarr.json", ".zarray")) for k in keys)
+        sizes = [await store.getsize(k) for k in keys]
+        assert await store.getsize_prefix(prefix) == sum(sizes), prefix
+    raw = sum(len(v) for k, v in inner.items() if k.startswith("a/"))
+    assert await store.getsize_prefix("a") < raw  # (the shard indices and the entry are not counted)

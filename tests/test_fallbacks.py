@@ -75,6 +75,11 @@ async def test_a_read_only_zarr_store_given_makes_the_store_read_only(tmp_path: 
     with pytest.raises(ReadOnlyError, match="'a/c/0/0' was not written"):
         await store.set("a/c/0/0", cpu.Buffer.from_bytes(b"\x02" * 4))
     assert (await writable.get("a/c/0/0", default_buffer_prototype())) == before
+    # its writable twin writes, over the given store's own writable twin (as zarr's wrappers)
+    twin = store.with_read_only(False)
+    assert not twin.read_only and twin.with_read_only(True).read_only
+    zarr.open_array(twin, path="a")[0, 0] = 7
+    assert zarr.open_array(ShardingStore(writable), path="a")[0, 0] == 7
 
 
 def test_commits_retries_and_read_decisions_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:

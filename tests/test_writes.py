@@ -12,7 +12,7 @@ import pytest
 import zarr
 from zarr.core.buffer import cpu, default_buffer_prototype
 
-from shardstore import PIPELINE_PATH, BatchCommitError, InnerStoreError, ShardingStore
+from shardstore import PIPELINE_PATH, BatchCommitError, InnerStoreError, InvalidOffsetError, ShardingStore
 from shardstore.inner import LocalInner, MappingInner
 from shardstore.inner.base import Capabilities
 from shardstore.instrument import CountingInner
@@ -367,6 +367,26 @@ def test_set_partial_values_splices_into_chunks_and_merges_per_shard() -> None:
 
     assert asyncio.run(go()) == [b"aXQd", b"abcZ!", b"abcd"]
     assert counted.counts.writes == 1  # both chunks are in shard 0: one commit
+
+
+@pytest.mark.parametrize("start", [-1, -5, 1.5, "1", None])
+def test_a_partial_write_at_an_offset_no_value_has_is_refused_and_writes_nothing(start: Any) -> None:
+    """A negative offset would splice the bytes in before the end (the chunk grew by
+    them, undecodable); nothing of the call is written, the chunk nor anything else."""
+    backing: dict[str, bytes] = {}
+    store = ShardingStore(backing, chunks_per_shard=(4,))
+    zarr.create_array(store, name="p", shape=(8,), chunks=(1,), dtype="u1", compressors=None)
+
+    async def go() -> None:
+        await store.set("p/c/0", cpu.Buffer.from_bytes(b"abcd"))
+        await store.set("note", cpu.Buffer.from_bytes(b"hello"))
+        before = dict(backing)
+        for key in ("p/c/0", "note"):
+            with pytest.raises(InvalidOffsetError, match=rf"'{key}'.*offset"):
+                await store.set_partial_values([("p/c/1", 0, b"Z"), (key, start, b"XY")])
+        assert backing == before
+
+    asyncio.run(go())
 
 
 def test_keys_named_like_temporary_files_are_still_listed(tmp_path: Path) -> None:

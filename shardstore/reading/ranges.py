@@ -13,15 +13,19 @@ __all__ = ["MERGE_GAP", "merge_ranges", "merge_spans", "sub_range"]
 
 
 def sub_range(offset: int, nbytes: int, byte_range: ByteRequest | None) -> tuple[int, int]:
-    """Absolute [start, stop) of a byte request on a chunk stored at [offset, offset + nbytes)."""
+    """Absolute [start, stop) of a byte request on a chunk stored at [offset, offset + nbytes):
+    the bytes :func:`~shardstore.inner.base.slice_range` takes of the chunk's value (a
+    Python slice, as zarr's MemoryStore and fsspec take them, negative numbers counted
+    from the chunk's end), never a byte outside the chunk."""
     if byte_range is None:
-        lo, hi = 0, nbytes
+        cut = slice(None)
     elif isinstance(byte_range, RangeByteRequest):
-        lo, hi = min(byte_range.start, nbytes), min(byte_range.end, nbytes)
+        cut = slice(byte_range.start, byte_range.end)
     elif isinstance(byte_range, OffsetByteRequest):
-        lo, hi = min(byte_range.offset, nbytes), nbytes
+        cut = slice(byte_range.offset, None)
     else:
-        lo, hi = nbytes - min(byte_range.suffix, nbytes), nbytes
+        cut = slice(max(nbytes - byte_range.suffix, 0), None)
+    lo, hi, _ = cut.indices(nbytes)
     return offset + lo, offset + max(hi, lo)
 
 
