@@ -106,7 +106,8 @@ class ShardFileSystem(AsyncFileSystem):  # type: ignore[misc]
             key = self._key(one)
             if recursive:
                 await self.store.delete_dir(key)
-            await self.store.delete(key)
+            if key:  # (the root is a directory, never a key: zarr and xarray empty it to overwrite)
+                await self.store.delete(key)
 
     async def _keys_under(self, key: str) -> list[str]:
         prefix = f"{key}/" if key else ""

@@ -59,6 +59,26 @@ def test_xarray_round_trip_through_a_shard_url(tmp_path: Path) -> None:
     np.testing.assert_array_equal(back.v.values, DATA)
 
 
+def test_a_hierarchy_at_the_urls_root_is_overwritten(tmp_path: Path) -> None:
+    """zarr and xarray empty the root to overwrite it (``rm(root, recursive=True)``):
+    the root is a directory, not a key to delete after its contents (that failed
+    with everything already deleted)."""
+    url = f"shard::file://{tmp_path}/root.zarr"
+    for value in (1, 2):
+        arr = zarr.create_array(
+            url, shape=(16, 16), chunks=(8, 8), dtype="u1", storage_options=OPTIONS, overwrite=True
+        )
+        arr[:] = value
+        assert (zarr.open_array(url, mode="r")[:] == value).all()
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("dask")
+    url = f"shard::file://{tmp_path}/ds.zarr"
+    for offset in (0, 1):
+        ds = xr.Dataset({"v": (("y", "x"), DATA + offset)}).chunk({"y": 8, "x": 8})
+        ds.to_zarr(url, storage_options=OPTIONS, mode="w")
+        np.testing.assert_array_equal(xr.open_zarr(url).v.values, DATA + offset)
+
+
 def test_file_system_operations_are_on_logical_keys(tmp_path: Path) -> None:
     _write(tmp_path)
     fs = fsspec.filesystem("shard", fo=f"file://{tmp_path}/x.zarr")
