@@ -280,7 +280,8 @@ exit status:
        no zarr hierarchy there, an unknown protocol, an I/O error)
   130  interrupted (Ctrl-C)
 
-A closed output pipe (`shardstore ls URL | head`) is not an error. convert, verify and
+A closed output pipe (`shardstore ls URL | head`) is not an error: the exit status is
+that of what the command found (verify: 1 on damage). convert, verify and
 compact draw progress bars on stderr when it is a terminal and tqdm is installed
 (pip install 'shardstore[progress]'); --quiet turns them off.
 """
@@ -500,6 +501,46 @@ def _rectilinear_grids_readable() -> contextlib.AbstractContextManager[object]:
     return readable
 
 
+class _Dropping:
+    """``sys.stdout`` whose reader may go away (``| head``): what is written after is
+    dropped, and the command runs on to its end, its exit status that of the work
+    (``verify | head -1`` on a damaged store: 1), not of the pipe."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            _output_dropped()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _output_dropped()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _output_dropped() -> None:
+    """Standard output goes nowhere from now on (nothing more to fail at exit either)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    stdout = sys.stdout
+    sys.stdout = _Dropping(stdout)
+    try:
+        yield
+    finally:
+        sys.stdout = stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; the exit status (see :data:`EXIT_STATUS`)."""
     args = _parser().parse_args(argv)
@@ -517,14 +558,14 @@ def main(argv: list[str] | None = None) -> int:
         "convert": _convert,
     }
     try:
-        with _warnings_as_lines(args.command), _rectilinear_grids_readable():
+        with _warnings_as_lines(args.command), _rectilinear_grids_readable(), _reader_may_leave():
             code = handlers[args.command](args)
-        sys.stdout.flush()  # a reader gone away shows here, not at exit
+            sys.stdout.flush()  # a reader gone away shows here, not at exit
         return code
     except ShardStoreError as exc:
         return _failed(args.command, str(exc))
-    except BrokenPipeError:  # the reader went away (``| head``): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+    except BrokenPipeError:  # the reader went away (``| head``) outside sys.stdout: not an error
+        _output_dropped()
         return 0
     except OSError as exc:  # the storage failing outside shardstore's own wrapping
         return _failed(args.command, f"I/O error: {type(exc).__name__}: {exc}")

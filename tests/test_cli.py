@@ -299,6 +299,27 @@ def test_a_closed_pipe_through_a_shell(tmp_path: Path) -> None:
     assert done.stderr == "status=0\n"
 
 
+@pytest.mark.parametrize("command", ["verify", "ls"])
+def test_a_closed_pipe_keeps_the_status_of_the_damage_found(tmp_path: Path, command: str) -> None:
+    """``verify URL | head -1`` on a damaged store exits 1, as without the pipe: the
+    reader going away drops the rest of the output, not what the command found."""
+    root = tmp_path / "damaged.zarr"
+    _many_keys(root, n=10_000, per_shard=2)  # more keys and reports than a pipe buffers
+    for shard in (root / "big" / "c").iterdir():
+        if int(shard.name) % 5 == 0:
+            shard.write_bytes(b"cut")
+    with subprocess.Popen(
+        [sys.executable, "-m", "shardstore", command, "--quiet", f"file://{root}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == 1, first
+
+
 # -- progress --------------------------------------------------------------------------------------
 
 
