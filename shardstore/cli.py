@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from shardstore._version import __version__
 from shardstore.errors import InnerStoreError, ShardingConfigError, ShardStoreError
-from shardstore.metadata import ROOT_DOCUMENTS
+from shardstore.metadata import ROOT_DOCUMENTS, is_metadata_key
 from shardstore.tasks import gather
 
 if TYPE_CHECKING:
@@ -138,13 +138,24 @@ def _inspection(args: argparse.Namespace) -> Inspection:
     return found
 
 
-def _warn_damaged(damaged: dict[str, str], consequence: str, quiet: bool = False) -> int:
-    """Name each damaged shard on stderr (``quiet``: only count them); the exit
-    status: 1 if any."""
-    for key in sorted(damaged) if not quiet else ():  # each problem names its shard
-        print(f"warning: {damaged[key]}; {consequence}", file=sys.stderr)
+def _warn_damaged(
+    damaged: dict[str, str], consequence: str, quiet: bool = False, *, below: str = "nothing below it is read"
+) -> int:
+    """Name each damaged shard on stderr, with ``consequence`` (a metadata document that
+    cannot be read: with ``below``); ``quiet``: only count them. The exit status: 1 if any."""
+    for key in sorted(damaged) if not quiet else ():  # each problem names its object
+        print(f"warning: {damaged[key]}; {below if is_metadata_key(key) else consequence}", file=sys.stderr)
     if damaged:
-        print(f"{len(damaged)} damaged shard(s); `shardstore verify` lists every problem", file=sys.stderr)
+        shards = sum(not is_metadata_key(k) for k in damaged)
+        counted = [
+            f"{n} {what}"
+            for n, what in (
+                (shards, "damaged shard(s)"),
+                (len(damaged) - shards, "unreadable metadata document(s)"),
+            )
+            if n
+        ]
+        print(f"{', '.join(counted)}; `shardstore verify` lists every problem", file=sys.stderr)
     return 1 if damaged else 0
 
 
@@ -152,14 +163,16 @@ def _ls(args: argparse.Namespace) -> int:
     keys, damaged = _inspection(args).keys(args.prefix)
     for key in keys:
         print(key)
-    return _warn_damaged(damaged, "its chunks are not listed", args.quiet)
+    return _warn_damaged(
+        damaged, "its chunks are not listed", args.quiet, below="the keys below it are listed as stored"
+    )
 
 
 def _info(args: argparse.Namespace) -> int:
     inspection = _inspection(args)
     text, damaged = inspection.info(args.prefix, as_json=args.json, write_strategy=args.write_strategy)
     print(text)
-    return _warn_damaged(damaged, inspection.not_counted, args.quiet)
+    return _warn_damaged(damaged, inspection.not_counted, args.quiet, below="nothing below it is counted")
 
 
 def _progress(args: argparse.Namespace, **stages: str) -> Any:

@@ -50,10 +50,10 @@ from shardstore.errors import ShardFormatError, ShardingConfigError, ShardStoreE
 from shardstore.formats.base import ChunkTable, table_entry
 from shardstore.metadata import (
     ARRAY_DOC_NAMES,
-    METADATA_NAMES,
     ROOT_DOCUMENTS,
     V3_NAME,
     ArrayInfo,
+    is_metadata_key,
     load_document,
 )
 from shardstore.sync_bridge import in_a_thread
@@ -195,10 +195,6 @@ def _is_array_document(name: str, raw: bytes) -> bool:
     return doc is not None and (name != V3_NAME or doc.get("node_type") == "array")
 
 
-def _is_metadata(key: str) -> bool:
-    return key.rpartition("/")[2] in METADATA_NAMES
-
-
 def _where(store: ShardingStore) -> str:
     return repr(store.inner) if isinstance(store.inner, str) else repr(store)
 
@@ -235,7 +231,7 @@ def _present(shard: ShardAddress, table: ChunkTable) -> dict[str, int]:
 async def _source_chunks(src: ShardingStore, objects: _Objects) -> list[_Chunk]:
     chunks = []
     for key in objects.plain:
-        if not _is_metadata(key):
+        if not is_metadata_key(key):
             info = await src.internals.array_of_key(key)
             chunks.append(_Chunk(key, None if info is None else info.path, objects.sizes.get(key, 0)))
     tables = await _indices(src, objects.shards)
@@ -317,7 +313,7 @@ async def _check_resumable(
     """Refuse a destination that is not an interrupted conversion of this source with
     these options: one of its documents is not the one this conversion writes, or it
     holds chunks without every array document (those are written first)."""
-    present = [k for k in found.plain if _is_metadata(k)]
+    present = [k for k in found.plain if is_metadata_key(k)]
     raws = await gather(*(dst.internals.raw.get(k) for k in present))
     differing = [k for k, raw in zip(present, raws, strict=True) if written.get(k) != raw]
     chunks_there = found.shards or len(present) < len(found.plain)
@@ -528,11 +524,14 @@ def convert(
             "threads), then commit"
         )
     before = sync(_objects(src))
-    metadata = [k for k in before.plain if _is_metadata(k)]
+    metadata = [k for k in before.plain if is_metadata_key(k)]
     if not any(k.rpartition("/")[2] in ROOT_DOCUMENTS for k in metadata):
         raise ShardStoreError(
             f"no zarr hierarchy at {_where(src)} (no zarr.json, .zgroup or .zarray in it): nothing to convert"
         )
+    unreadable = sync(src.internals.unreadable_documents(metadata))
+    if unreadable:  # (its shards would be copied as chunks, or its chunks as shards)
+        raise ShardingConfigError(f"cannot convert {_where(src)}: " + "; ".join(unreadable.values()))
     written, arrays, scratch = sync(_destination_documents(src, dst, sorted(metadata)))
     chunks = sync(_source_chunks(src, before))
     units, shards = sync(_plan(scratch, chunks))

@@ -13,7 +13,7 @@ from shardstore.formats.base import ChunkTable
 from shardstore.inner import InnerStore
 from shardstore.inner.base import ReadInto
 from shardstore.listing import ShardLister
-from shardstore.metadata import ArrayInfo, ShardingPolicy
+from shardstore.metadata import ArrayInfo, ShardingPolicy, is_metadata_key, unreadable_document
 from shardstore.metadata_gateway import MetadataGateway
 from shardstore.reading.cache import ShardSnapshot
 from shardstore.reading.reader import EachShard, ShardReader
@@ -47,6 +47,18 @@ class StoreInternals:
         under it (which pass through); a batch open on the store is committed first."""
         found = await self._lister.scan(prefix)
         return found.shards, found.plain
+
+    async def unreadable_documents(self, keys: Sequence[str]) -> dict[str, str]:
+        """The metadata documents among ``keys`` that are not JSON objects, each with why
+        it is damage (:func:`~shardstore.metadata.unreadable_document`): the objects below
+        one pass through as stored, shards or not."""
+        documents = [k for k in keys if is_metadata_key(k)]
+        raws = await self.raw.get_many([(k, None) for k in documents])
+        found = [
+            (k, None if raw is None else unreadable_document(k, raw))
+            for k, raw in zip(documents, raws, strict=True)
+        ]
+        return {key: problem for key, problem in found if problem is not None}
 
     async def stale_shard_files(self, prefix: str) -> list[str]:
         """Shard files under ``prefix`` that an interrupted resize of an array sharded by

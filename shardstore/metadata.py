@@ -41,8 +41,10 @@ __all__ = [
     "array_info",
     "dump_document",
     "inject_sharding",
+    "is_metadata_key",
     "load_document",
     "present_document",
+    "unreadable_document",
 ]
 
 Document = dict[str, Any]
@@ -81,6 +83,23 @@ def load_document(raw: bytes) -> Document | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def is_metadata_key(key: str) -> bool:
+    """Whether ``key`` names a metadata document (of any zarr version)."""
+    return key.rpartition("/")[2] in METADATA_NAMES
+
+
+def unreadable_document(key: str, raw: bytes) -> str | None:
+    """Why the metadata document ``key`` cannot be read (None: it is a JSON object, or
+    not a metadata document): zarr cannot open what it describes, and shardstore
+    cannot tell whether the objects below it are shards or chunks."""
+    if not is_metadata_key(key) or load_document(raw) is not None:
+        return None
+    return (
+        f"metadata document {key!r} is not a JSON object ({len(raw)} bytes): zarr cannot open "
+        "what it describes, and the objects below it are not known as shards or chunks"
+    )
 
 
 def dump_document(doc: Document) -> bytes:

@@ -473,6 +473,34 @@ def test_quiet_keeps_results_and_drops_notes(
     assert code == 1 and out.startswith("DAMAGED g/a/c/0/1") and err == "1 damaged object(s)\n"
 
 
+@pytest.mark.parametrize("name", ["zarr.json", ".zarray"])
+def test_an_array_whose_metadata_cannot_be_read_is_damage_to_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """Its shards would pass for objects of their own (ls listed them as chunk keys,
+    verify said all was intact, convert copied them as chunks): each command names
+    the document instead, and convert writes nothing."""
+    root = tmp_path / "x.zarr"
+    store = ShardingStore(str(root), chunks_per_shard=(2, 2))
+    group = zarr.open_group(store, mode="w", zarr_format=3 if name == "zarr.json" else 2)
+    for array, value in (("a", 1), ("b", 2)):
+        group.create_array(array, shape=(8, 8), chunks=(2, 2), dtype="u1")[:] = value
+    document = root / "a" / name
+    document.write_bytes(document.read_bytes()[:40])  # cut short, as by a crashed copy
+    url, key = f"file://{root}", f"a/{name}"
+    code, out, err = _run(capsys, "verify", url)
+    assert code == 1 and out.startswith(f"DAMAGED {key}: metadata document '{key}' is not a JSON object")
+    for command in ("ls", "info"):
+        code, out, err = _run(capsys, command, url)
+        assert code == 1 and f"warning: metadata document '{key}'" in err, command
+    code, out, err = _run(capsys, "info", url, "--json")
+    reports = {r["path"]: r for r in json.loads(out)}
+    assert list(reports["a"]["damaged"]) == [key] and reports["b"]["chunks"] == 16
+    code, _, err = _run(capsys, "convert", url, str(tmp_path / "out.zarr"), "--unshard")
+    assert code == 2 and key in _one_line(err)
+    assert not (tmp_path / "out.zarr").exists()
+
+
 # -- info --json: layout and write strategy -----------------------------------------------------------
 
 

@@ -38,7 +38,8 @@ class ArrayReport:
     """In intact shards."""
     damaged: dict[str, str] = field(default_factory=dict)
     """Shards whose index cannot be trusted (key -> why): counted in ``shards`` and
-    ``stored_bytes`` only."""
+    ``stored_bytes`` only; or the array's metadata document, if it cannot be read
+    (then nothing is counted)."""
     layout: Layout | None = None
     """How its sharding is recorded: "transformer" (our storage-transformer entry) or
     "codec" (standard ``sharding_indexed`` metadata); None where shardstore does not
@@ -70,10 +71,14 @@ async def info_async(
     shards, plain = await store.internals.shards_under(prefix)
     surveyed = await survey(store, shards)
     arrays = sorted({k.rpartition("/")[0] for k in plain if k.rpartition("/")[2] in ARRAY_DOC_NAMES})
+    unreadable = await store.internals.unreadable_documents(plain)
     reports = []
     for path in arrays:
-        info = await store.internals.array_at(path)
-        if info is not None:
+        damaged = {k: why for k, why in unreadable.items() if k.rpartition("/")[0] == path}
+        info = None if damaged else await store.internals.array_at(path)
+        if damaged:  # (listed with nothing counted: what is below it is not known)
+            reports.append(ArrayReport(path, False, None, 0, 0, 0, 0, 0, damaged))
+        elif info is not None:
             mine = [s for s in surveyed if s.shard.info.path == path]
             reports.append(
                 await _array_report(

@@ -114,9 +114,10 @@ def _inconsistency(shard: ShardAddress, index: ChunkTable | ShardFormatError, nb
 
 async def list_keys_async(store: ShardingStore, prefix: str = "") -> tuple[list[str], dict[str, str]]:
     """The logical keys under ``prefix`` as zarr sees them (sorted), and the shards
-    whose chunks could not be listed (key -> why): a listing that goes on past them."""
+    whose chunks could not be listed (key -> why): a listing that goes on past them;
+    metadata documents that cannot be read too (the keys below one are listed as stored)."""
     shards, plain = await store.internals.shards_under(prefix)
-    keys, damaged = list(plain), {}
+    keys, damaged = list(plain), await store.internals.unreadable_documents(plain)
     for shard, index in zip(shards, await read_indices_past_damage(store, shards), strict=True):
         if isinstance(index, ShardFormatError):
             damaged[shard.key] = str(index)

@@ -75,6 +75,7 @@ async def verify_async(
     leftovers are :func:`leftovers`."""
     shards, plain = await store.internals.shards_under(prefix)
     damaged, readable = await _check_shards(store, shards, prefix, progress)
+    damaged.update(await store.internals.unreadable_documents(plain))
     if decode:
         plain_chunks = await _plain_chunks(store, plain, sized=progress is not None)
         failed = await _undecodable(store, readable + plain_chunks, progress)
