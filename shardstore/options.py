@@ -144,6 +144,8 @@ class ReadPolicy:
                 if options.read_strategy == "auto"
                 else None
             ),
-            max_age={"trust": None, "revalidate": 0.0}.get(mode, options.cache_max_age),
+            max_age={"trust": None, "revalidate": 0.0}.get(
+                mode, 0.0 if can.changes_unseen else options.cache_max_age
+            ),
             revalidate=mode == "revalidate",
         )

@@ -87,7 +87,9 @@ class ShardingStore(Store):
             the store always drop what it cached.
         index_cache_bytes: The bound of the index cache.
         shard_cache_bytes: The bound of the shard cache (whole shards).
-        cache_max_age: Seconds a cached shard is served where it cannot be checked.
+        cache_max_age: Seconds a cached shard is served where it cannot be checked
+            (over an Icechunk session, whose merge, rebase and discard_changes change
+            what it serves unseen, ``index_cache="auto"`` serves none to a later call).
         write_attempts: Conditional writes one commit tries against other writers
             before :class:`ShardConflictError`.
         whole_shard_bytes: The byte budget of ``read_strategy="auto"`` (None: 2 MiB

@@ -265,6 +265,62 @@ def test_sessions_in_four_processes_writing_one_shard_lose_nothing(
     assert max(attempts) > 1, "the commits met (each saw the others' snapshot)"
 
 
+# -- a session changed under a store -------------------------------------------------
+
+
+def _rebased(repo: Any, session: Any) -> None:
+    """Another session commits chunk (0, 0) = 7; ``session`` rebases onto it."""
+    other = repo.writable_session("main")
+    array_in(other)[chunk_region(0, 0)] = 7
+    other.commit("7s")
+    session.rebase(icechunk.ConflictDetector())
+
+
+def _merged(repo: Any, session: Any) -> None:
+    """A fork of ``session`` rewrites shard a/c/0/0 whole with 7s; merged back."""
+    fork = session.fork()
+    array_in(fork)[:32, :32] = 7
+    session.merge(fork)
+
+
+def _discarded(repo: Any, session: Any) -> None:
+    """``session`` writes 99s into chunk (0, 0), then discards its changes."""
+    array_in(session)[chunk_region(0, 0)] = 99
+    session.discard_changes()
+
+
+@pytest.mark.parametrize(
+    ("change", "seven"),
+    [(_rebased, True), (_merged, True), (_discarded, False)],
+    ids=["rebase", "merge", "discard"],
+)
+def test_a_store_kept_across_a_change_of_its_session_writes_on_what_the_session_now_holds(
+    repo: Any, change: Any, seven: bool
+) -> None:
+    """``rebase``, ``merge`` and ``discard_changes`` replace what a session serves with
+    no write through a store: a store that had read the shard before (a shard cached
+    for a second) put the old chunk back with a one-element write, and lost the other
+    session's chunk, or the fork's, or committed values that were discarded."""
+    seed = repo.writable_session("main")
+    array_in(seed)[:] = 1
+    seed.commit("ones")
+    session = repo.writable_session("main")
+    array = array_in(session)
+    for _ in range(3):  # read again and again: the shard is cached
+        assert (array[:4, :4] == 1).all()
+    change(repo, session)
+    array[0, 0] = 3  # zarr reads the rest of chunk (0, 0) through the store
+    session.commit("one element")
+    got = read_main(repo)
+    want = np.ones(SHAPE, dtype="i4")
+    if seven:
+        want[chunk_region(0, 0)] = 7
+        if change is _merged:
+            want[:32, :32] = 7
+    want[0, 0] = 3
+    assert lost_chunks(got, want) == 0, got[:8, :8]
+
+
 # -- forks -----------------------------------------------------------------------------
 
 

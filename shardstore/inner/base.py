@@ -193,6 +193,11 @@ class Capabilities:
     one winning (a forked Icechunk session and ``Session.merge``): nothing orders a
     read-modify-write against another writer of the object, so only writes that
     replace an object whole are safe (:meth:`InnerStore.update` without ``read_old``)."""
+    changes_unseen: bool = False
+    """What is stored here changes without a write through any store and without a
+    version to tell it by (an Icechunk session: ``merge``, ``rebase`` and
+    ``discard_changes`` replace what it serves): a shard cached by one zarr call is
+    not served to the next, whose read-modify-write would put the old chunks back."""
 
     @property
     def ordered_deletes(self) -> bool:

@@ -55,7 +55,7 @@ class IcechunkInner(ZarrInner):
         self._icechunk: Any = store  # (typed as any zarr Store above)
         self.forked = type(store.session).__name__ == "ForkSession"
         """Written in a fork, merged into its session later, object by object."""
-        self.capabilities = replace(self.capabilities, merged_by_key=self.forked)
+        self.capabilities = replace(self.capabilities, merged_by_key=self.forked, changes_unseen=True)
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
         """One ``get`` per key: Icechunk's ``get_partial_values`` fails on a missing key
