@@ -455,6 +455,42 @@ def test_stale_whole_chunk_writes_re_route_and_byte_range_writes_are_refused(tmp
     assert leftovers(ShardingStore(url)) == {}
 
 
+def _grow_and_write(url: str, done: Any) -> None:
+    array = zarr.open_array(ShardingStore(url), path="a")
+    array.resize((48, 4))
+    array[36:48] = 7  # chunk rows 9-11: past the edge the other process knows, in its edge shard
+    done.set()
+
+
+@pytest.mark.parametrize("how", ["rewrite", "append", "batch", "fill"])
+def test_a_process_holding_a_smaller_shape_keeps_the_chunks_another_wrote_past_its_edge(
+    tmp_path: Path, how: str
+) -> None:
+    """By the shape it read, its write gives every chunk of its edge shard; the shard
+    is still read and merged, not made anew (that dropped the other's chunks, acknowledged)."""
+    url = str(tmp_path / "s")
+    create = ShardingStore(url, chunks_per_shard=(4, 1))
+    zarr.create_array(create, name="a", shape=(36, 4), chunks=(4, 4), dtype="i4", fill_value=0)
+    store = ShardingStore(url, write_strategy="append" if how == "append" else "rewrite")
+    array = zarr.open_array(store, path="a")  # shape (36, 4): shard a/c/2/0 holds chunk row 8 only
+    ctx = mp.get_context("spawn")
+    done = ctx.Event()
+    other = ctx.Process(target=_grow_and_write, args=(url, done))
+    other.start()
+    assert done.wait(120)
+    other.join(60)
+    value = 0 if how == "fill" else 5
+    if how == "batch":
+        with store.batch():
+            array[32:36] = value
+    else:
+        array[32:36] = value
+    got = zarr.open_array(ShardingStore(url), path="a")[:]
+    assert got.shape == (48, 4)
+    assert (got[36:48] == 7).all(), "the other process's chunks are lost"
+    assert (got[32:36] == value).all()
+
+
 def test_a_store_holding_old_metadata_keeps_the_data_when_it_rewrites_the_metadata(tmp_path: Path) -> None:
     """Its attribute update or resize is measured against the stored document, not its
     own copy, which still names the old shard directory."""

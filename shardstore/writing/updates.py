@@ -3,6 +3,7 @@ are grouped and merged before they become a commit. Pure functions."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -133,22 +134,27 @@ def add_update(by_shard: UpdatesByShard, chunk: ChunkAddress, update: Update) ->
 
 
 def covers_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
-    """Whether updates give every in-array chunk of the shard a value without reading it
-    (never for shards of chunk ids, whose members are spread over the grid)."""
-    return _every_place(shard, updates, _gives_value)
+    """Whether updates give every chunk of the shard a value without reading it: never
+    for a shard the array's edge cuts (see :func:`replaces_shard`), nor for shards of
+    chunk ids, whose members are spread over the grid."""
+    return _every_place(shard, updates, _gives_value, cut_by_edge=False)
 
 
-def replaces_shard(shard: ShardAddress, updates: ShardUpdates) -> bool:
-    """Whether updates decide every in-array chunk of the shard, a value or an erase,
-    so that the new shard owes nothing to the old one."""
-    return _every_place(shard, updates, lambda ups: ups is not None and independent_of_old(ups))
+def replaces_shard(shard: ShardAddress, updates: ShardUpdates, *, cut_by_edge: bool = False) -> bool:
+    """Whether updates decide every chunk of the shard, a value or an erase, so that
+    the new shard owes nothing to the old one. A shard the array's edge cuts, only with
+    ``cut_by_edge`` (every in-array chunk decided): its places past the edge may hold
+    chunks written by another process that grew the array since this one read its
+    metadata, which a new shard made without reading the old one would drop."""
+    return _every_place(shard, updates, lambda ups: ups is not None and independent_of_old(ups), cut_by_edge)
 
 
 def _every_place(
-    shard: ShardAddress, updates: ShardUpdates, test: Callable[[list[Update] | None], bool]
+    shard: ShardAddress, updates: ShardUpdates, test: Callable[[list[Update] | None], bool], cut_by_edge: bool
 ) -> bool:
     needed = shard.places_in_grid()
-    if needed is None:
+    block = shard.shard_format.grid_block
+    if needed is None or (not cut_by_edge and (block is None or len(needed) < math.prod(block))):
         return False
     if len(updates) < len(needed):  # the common case while a shard fills up: O(1)
         return False

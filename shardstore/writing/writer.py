@@ -463,7 +463,7 @@ def _refuse_unless_replaced(inner: InnerStore, job: _Job, updates: ShardUpdates)
     commit that would keep any chunk of the old shard: merged over another writer's
     version of the shard, those old chunks would replace that writer's new ones."""
     shard = job.shard
-    if not job.compact and replaces_shard(shard, updates):
+    if not job.compact and replaces_shard(shard, updates, cut_by_edge=True):
         return
     places = shard.places_in_grid()
     block = shard.shard_format.grid_block
