@@ -154,6 +154,32 @@ def test_gcs_and_azure_a_failed_precondition_is_re_read_and_retried(cloud: Cloud
     assert seen == [b"base", b"theirs"]  # re-read after the refused write
 
 
+def test_azure_a_suffix_is_cut_from_the_version_its_size_was_taken_of(
+    azure: LocalAzure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Azure ranges have a start, so a suffix (a shard's index) is two requests: the
+    blob's size, then its bytes from there. A blob replaced in between was cut at the
+    old size's offset (bytes from the middle of a shard read as its index); the
+    bytes are now read only from the version measured, measured again if it changed."""
+    import shardstore.inner.azure as azure_adapter
+
+    inner = adapt(azure.url("suffix"), azure.storage_options)
+    asyncio.run(inner.set("k", b"0123456789"))
+    measured = azure_adapter._limits
+    sizes: list[Any] = []
+
+    async def replaced_once_measured(blob: Any, byte_range: Any, condition: dict[str, Any]) -> Any:
+        limits = await measured(blob, byte_range, condition)
+        sizes.append(limits[:2])
+        if len(sizes) == 1:  # another writer replaces it, longer, before its bytes are read
+            _azure_upload(azure, "suffix/k", b"abcdefghijklmnopqrst")
+        return limits
+
+    monkeypatch.setattr(azure_adapter, "_limits", replaced_once_measured)
+    assert asyncio.run(inner.get("k", zarr.abc.store.SuffixByteRequest(4))) == b"qrst"
+    assert sizes == [(6, 4), (16, 4)]
+
+
 def test_gcs_and_azure_a_new_object_is_written_only_if_still_absent(cloud: Cloud) -> None:
     server, upload = cloud
     inner = adapt(server.url("fresh"), server.storage_options)

@@ -13,12 +13,15 @@ adlfs holds (``service_client``); every other operation is plain adlfs.
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Hashable
 from typing import Any
 
 import fsspec
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from shardstore.errors import ShardConflictError
 from shardstore.inner.base import (
     ANY_VERSION,
     CONDITIONAL,
@@ -70,23 +73,38 @@ class AzureInner(TaggedReadsOnly, FsspecInner):
                 condition = {"etag": expected, "match_condition": MatchConditions.IfNotModified}
             elif unless is not None:
                 condition = {"etag": unless, "match_condition": MatchConditions.IfModified}
-            try:
-                offset, length = await _limits(blob, byte_range, condition)
-                if length == 0:
-                    return b"", expected
-                stream = await blob.download_blob(offset=offset, length=length, **condition)
-                return bytes(await stream.readall()), stream.properties.etag
-            except Exception as exc:  # the SDK's errors, told apart by their status
-                status = _status(exc)
-                if status == 404:
-                    return None, None
-                if status == 304 and unless is not None:
-                    return NOT_MODIFIED, unless
-                if status == 412 and expected is not None:
-                    return STALE, None
-                if status == 416:  # a range that starts past the end: no bytes
-                    return b"", None
-                raise
+            for attempt in range(_SUFFIX_ATTEMPTS):
+                try:
+                    offset, length, sized = await _limits(blob, byte_range, condition)
+                    if length == 0:
+                        return b"", expected
+                    # a suffix is cut at the size of the version it was measured on: read
+                    # from that version only (another would give other bytes at that offset)
+                    at = (
+                        condition
+                        if sized is None
+                        else {"etag": sized, "match_condition": MatchConditions.IfNotModified}
+                    )
+                    stream = await blob.download_blob(offset=offset, length=length, **at)
+                    return bytes(await stream.readall()), stream.properties.etag
+                except Exception as exc:  # the SDK's errors, told apart by their status
+                    status = _status(exc)
+                    if status == 404:
+                        return None, None
+                    if status == 304 and unless is not None:
+                        return NOT_MODIFIED, unless
+                    if status == 412 and expected is not None:
+                        return STALE, None
+                    if status == 416:  # a range that starts past the end: no bytes
+                        return b"", None
+                    if status != 412:
+                        raise
+                # replaced between its size and its bytes: measured again, after a pause
+                await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+            raise ShardConflictError(
+                f"{key!r} was replaced by other writers between its size and its last bytes in each of "
+                f"{_SUFFIX_ATTEMPTS} attempts to read them; try again"
+            )
 
         with failure("read", key):
             result: tuple[bytes | None, Hashable | None] = await self._on_home_loop(read)
@@ -129,17 +147,23 @@ class AzureInner(TaggedReadsOnly, FsspecInner):
             return done
 
 
+_SUFFIX_ATTEMPTS = 8
+"""Tries of a suffix read whose blob is replaced between its size and its bytes."""
+
+
 async def _limits(
     blob: Any, byte_range: ByteRequest | None, condition: dict[str, Any]
-) -> tuple[int, int | None]:
-    """(offset, length) of a byte request on a blob (length None: to the end)."""
+) -> tuple[int, int | None, str | None]:
+    """(offset, length) of a byte request on a blob (length None: to the end), and the
+    ETag of the version whose size placed a suffix (None: no size asked for)."""
     if byte_range is None:
-        return 0, None
+        return 0, None, None
     if isinstance(byte_range, RangeByteRequest):
-        return byte_range.start, max(byte_range.end - byte_range.start, 0)
+        return byte_range.start, max(byte_range.end - byte_range.start, 0), None
     if isinstance(byte_range, OffsetByteRequest):
-        return byte_range.offset, None
+        return byte_range.offset, None, None
     if isinstance(byte_range, SuffixByteRequest):
-        size = (await blob.get_blob_properties(**condition)).size
-        return max(size - byte_range.suffix, 0), min(byte_range.suffix, size)
+        properties = await blob.get_blob_properties(**condition)
+        size = properties.size
+        return max(size - byte_range.suffix, 0), min(byte_range.suffix, size), properties.etag
     raise TypeError(f"Unexpected byte_range, got {byte_range}")
