@@ -13,8 +13,6 @@ adlfs holds (``service_client``); every other operation is plain adlfs.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import Hashable
 from typing import Any
 
@@ -29,6 +27,7 @@ from shardstore.inner.base import (
     STALE,
     TaggedReadsOnly,
     VersionedReads,
+    backoff,
     failure,
     handing_as_read,
 )
@@ -100,7 +99,7 @@ class AzureInner(TaggedReadsOnly, FsspecInner):
                     if status != 412:
                         raise
                 # replaced between its size and its bytes: measured again, after a pause
-                await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+                await backoff(attempt)
             raise ShardConflictError(
                 f"{key!r} was replaced by other writers between its size and its last bytes in each of "
                 f"{_SUFFIX_ATTEMPTS} attempts to read them; try again"

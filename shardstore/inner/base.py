@@ -216,6 +216,12 @@ class Capabilities:
         return not (self.versioned_ranges or self.remote)
 
 
+async def backoff(attempt: int) -> None:
+    """The pause before trying again what other writers got in the way of ``attempt``
+    (from 0) times: jittered, doubling, at most half a second."""
+    await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+
+
 class InnerStore(ABC):
     """The wrapped storage as seen by the sharding layer."""
 
@@ -285,7 +291,7 @@ class InnerStore(ABC):
                 log.debug(
                     "update %r: another writer got there first (attempt %d/%d)", key, attempt + 1, attempts
                 )
-                await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+                await backoff(attempt)
         log.warning("update %r: gave up after %d conflicting attempts", key, attempts)
         raise ShardConflictError(
             f"{key!r} was changed by other writers during each of {attempts} attempts to update it; "
