@@ -286,9 +286,11 @@ class ShardingStore(Store):
         A shard is written as soon as the buffer holds all its chunks inside the
         array, without reading it; the others are committed (one read-modify-write
         each) when the block ends. Past ``max_bytes`` the fullest shards are
-        committed early. If the block raises, buffered writes are dropped (nothing
-        partial lands over good data) and a note on the exception names them; if a
-        commit fails, :class:`~shardstore.errors.BatchCommitError` names the shards.
+        committed early. If the block raises, the writes not committed yet are dropped
+        (a shard committed early keeps what that commit wrote) and a note on the
+        exception names the shards; if a commit fails,
+        :class:`~shardstore.errors.BatchCommitError` names the shards (after an error
+        in the block: a note on that error, which goes on).
         Reads inside the block see its writes; listings first commit the buffer.
         A read-only store refuses a batch (ReadOnlyError).
         """

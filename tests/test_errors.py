@@ -269,3 +269,34 @@ def test_a_read_of_many_shards_names_the_one_that_fails(tmp_path: Path, inner: s
     for selection in (np.s_[:], np.s_[3:5, :], np.s_[4:8, 4:8]):  # many shards, a slab, the one alone
         with pytest.raises(InnerStoreError, match=r"failed to read 'a/c/1/1': OSError"):
             arr[selection]
+
+
+class _HandsBackBytes(WrapperStore[Any]):
+    """A zarr store of a user's own whose reads of chunk data return bytes, not zarr Buffers."""
+
+    @staticmethod
+    def _wrong(key: str, found: Any) -> Any:
+        return found if found is None or key.endswith("zarr.json") else found.to_bytes()
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        return self._wrong(key, await self._store.get(key, prototype, byte_range))
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> Any:
+        key_ranges = list(key_ranges)
+        found = await self._store.get_partial_values(prototype, key_ranges)
+        return [self._wrong(key, b) for (key, _), b in zip(key_ranges, found, strict=True)]
+
+
+def test_a_zarr_store_that_hands_back_the_wrong_type_is_named_with_the_key() -> None:
+    """Its AttributeError (``'bytes' object has no attribute 'to_bytes'``) is the inner
+    store failing, named with the key read, as any other of its failures."""
+    store = MemoryStore()
+    arr = zarr.create_array(
+        ShardingStore(store, (2, 2)), name="a", shape=(4, 4), chunks=(2, 2), dtype="i4", compressors=None
+    )
+    arr[:] = 1
+    arr = zarr.open_array(ShardingStore(_HandsBackBytes(store)), path="a")
+    for selection in (np.s_[:], np.s_[0, 0]):
+        with pytest.raises(InnerStoreError, match=r"failed to read 'a/c/0/0': AttributeError") as info:
+            arr[selection]
+        assert isinstance(info.value.__cause__, AttributeError)

@@ -121,6 +121,35 @@ def test_exception_inside_batch_commits_nothing_partial() -> None:
     assert (arr[:] == 1).all()
 
 
+def test_an_error_in_a_batch_says_which_shards_were_committed_early_and_goes_on_itself() -> None:
+    """A shard committed early in the block (all its chunks buffered) holds what that
+    commit wrote: the note says so, not "intact"; a commit that failed meanwhile is
+    said in a note on the block's own error, which is the one raised."""
+
+    class Flaky(dict[str, Any]):
+        def __setitem__(self, key: str, value: Any) -> None:
+            if key == "a/c/1/1":
+                raise OSError("no space left")
+            super().__setitem__(key, value)
+
+    backing = Flaky()
+    store = ShardingStore(backing, chunks_per_shard=CPS)
+    arr = _array(store)
+    arr[:128, :64] = 1  # shards a/c/0/0 and a/c/1/0
+    with pytest.raises(RuntimeError, match="boom") as info, store.batch():
+        arr[:64, :64] = 2  # shard a/c/0/0 whole: committed at once
+        arr[64:128, 64:128] = 2  # shard a/c/1/1 whole: its commit fails
+        arr[0:16, 0:16] = 5  # a/c/0/0 again, one chunk: still buffered
+        arr[64:80, 0:16] = 5  # a/c/1/0, one chunk: buffered, never committed before
+        raise RuntimeError("boom")
+    notes = "\n".join(info.value.__notes__)
+    assert "were committed earlier in the block" in notes and "'a/c/0/0'" in notes
+    assert "previous contents are intact: 'a/c/1/0'" in notes
+    assert "could not be committed" in notes and "'a/c/1/1'" in notes
+    got = arr[:]
+    assert (got[:64, :64] == 2).all() and (got[64:80, 0:16] == 1).all() and (got[64:128, 64:128] == 0).all()
+
+
 def test_failed_commit_in_batch_names_the_shard_and_writes_the_rest() -> None:
     class Flaky(dict[str, Any]):
         def __setitem__(self, key: str, value: Any) -> None:

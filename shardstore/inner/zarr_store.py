@@ -30,9 +30,9 @@ class ZarrInner(InnerStore):
         return repr(self.store)
 
     async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        with failure("read", key):
+        with failure("read", key):  # (a store of the user's own may hand back anything)
             buf = await self.store.get(key, default_buffer_prototype(), byte_range)
-        return None if buf is None else buf.to_bytes()
+            return None if buf is None else buf.to_bytes()
 
     async def get_many(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
         """One ``get_partial_values`` batch. Where it fails, each read is made alone: the
@@ -44,9 +44,9 @@ class ZarrInner(InnerStore):
         try:
             with failure("read", requests[0][0]):
                 bufs = await self.store.get_partial_values(default_buffer_prototype(), list(requests))
+                return [None if b is None else b.to_bytes() for b in bufs]
         except InnerStoreError:
             return list(await gather(*(self.get(k, r) for k, r in requests)))
-        return [None if b is None else b.to_bytes() for b in bufs]
 
     async def set(self, key: str, value: bytes) -> None:
         with failure("write", key):

@@ -51,6 +51,8 @@ class WriteBuffer(Generic[T]):
         self._committing: dict[str, list[Held[T]]] = {}
         self.nbytes = 0
         self.failures: list[tuple[Held[T], BaseException]] = []
+        self.committed: set[str] = set()
+        """Shards whose updates went to a commit (due early, or at the end)."""
         self._closed = False
 
     def close(self) -> None:
@@ -82,6 +84,7 @@ class WriteBuffer(Generic[T]):
     def _take(self, shard_key: str) -> Held[T]:
         held = self._open.pop(shard_key)
         self._committing.setdefault(shard_key, []).append(held)
+        self.committed.add(shard_key)
         return held
 
     def take_all(self) -> list[Held[T]]:

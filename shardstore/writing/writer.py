@@ -294,22 +294,36 @@ class ShardWriter:
                     self._buffer = None
                     buffer.close()
         if error is not None and dropped:
-            note = (
-                f"shardstore: the batch ended with an error; {len(dropped)} shard(s) with buffered "
-                f"writes were not written, their previous contents are intact: "
-                f"{_describe([h.shard_key for h in dropped])}"
-            )
+            intact = [h.shard_key for h in dropped if h.shard_key not in buffer.committed]
+            earlier = [h.shard_key for h in dropped if h.shard_key in buffer.committed]
+            said = [
+                f"{len(keys)} shard(s) {what}: {_describe(keys)}"
+                for keys, what in (
+                    (intact, "with buffered writes were not written, their previous contents are intact"),
+                    (
+                        earlier,
+                        "were committed earlier in the block (each once the batch held all its chunks, "
+                        "or past its byte limit); their writes since were not written",
+                    ),
+                )
+                if keys
+            ]
+            note = f"shardstore: the batch ended with an error; {'; '.join(said)}"
             error.add_note(note)
             log.warning(note)
         if buffer.failures:
             failed = {held.shard_key: exc for held, exc in buffer.failures}
-            raise BatchCommitError(
+            summary = (
                 f"{len(failed)} shard(s) of the batch could not be committed (each holds its previous "
-                f"contents, whole, unless its error says otherwise; every other shard was written): "
-                f"{_describe(list(failed))}; first error: "
-                f"{buffer.failures[0][1]}",
-                failed,
-            ) from buffer.failures[0][1]
+                f"contents, whole, unless its error says otherwise%s): {_describe(list(failed))}; "
+                f"first error: {buffer.failures[0][1]}"
+            )
+            if error is not None:  # the block's own error goes on, this said on it
+                error.add_note(f"shardstore: also, {summary % ''}")
+                return
+            raise BatchCommitError(summary % "; every other shard was written", failed) from buffer.failures[
+                0
+            ][1]
 
     async def drain(self) -> None:
         """Commit everything a batch holds now (before a listing, say); the batch stays open."""
