@@ -121,18 +121,21 @@ def test_exception_inside_batch_commits_nothing_partial() -> None:
     assert (arr[:] == 1).all()
 
 
+class _FullAtShard11(dict[str, Any]):
+    """A mapping whose disk is full for shard a/c/1/1."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "a/c/1/1":
+            raise OSError("no space left")
+        super().__setitem__(key, value)
+
+
 def test_an_error_in_a_batch_says_which_shards_were_committed_early_and_goes_on_itself() -> None:
     """A shard committed early in the block (all its chunks buffered) holds what that
     commit wrote: the note says so, not "intact"; a commit that failed meanwhile is
     said in a note on the block's own error, which is the one raised."""
 
-    class Flaky(dict[str, Any]):
-        def __setitem__(self, key: str, value: Any) -> None:
-            if key == "a/c/1/1":
-                raise OSError("no space left")
-            super().__setitem__(key, value)
-
-    backing = Flaky()
+    backing = _FullAtShard11()
     store = ShardingStore(backing, chunks_per_shard=CPS)
     arr = _array(store)
     arr[:128, :64] = 1  # shards a/c/0/0 and a/c/1/0
@@ -151,13 +154,7 @@ def test_an_error_in_a_batch_says_which_shards_were_committed_early_and_goes_on_
 
 
 def test_failed_commit_in_batch_names_the_shard_and_writes_the_rest() -> None:
-    class Flaky(dict[str, Any]):
-        def __setitem__(self, key: str, value: Any) -> None:
-            if key == "a/c/1/1":
-                raise OSError("no space left")
-            super().__setitem__(key, value)
-
-    backing = Flaky()
+    backing = _FullAtShard11()
     store = ShardingStore(backing, chunks_per_shard=CPS)
     arr = _array(store)
     with pytest.raises(BatchCommitError, match="a/c/1/1") as info, store.batch():
