@@ -313,17 +313,19 @@ class ShardWriter:
             log.warning(note)
         if buffer.failures:
             failed = {held.shard_key: exc for held, exc in buffer.failures}
-            summary = (
-                f"{len(failed)} shard(s) of the batch could not be committed (each holds its previous "
-                f"contents, whole, unless its error says otherwise%s): {_describe(list(failed))}; "
-                f"first error: {buffer.failures[0][1]}"
-            )
+
+            def summary(others: str) -> str:
+                return (
+                    f"{len(failed)} shard(s) of the batch could not be committed (each holds its "
+                    f"previous contents, whole, unless its error says otherwise{others}): "
+                    f"{_describe(list(failed))}; first error: {buffer.failures[0][1]}"
+                )
+
             if error is not None:  # the block's own error goes on, this said on it
-                error.add_note(f"shardstore: also, {summary % ''}")
+                error.add_note(f"shardstore: also, {summary('')}")
                 return
-            raise BatchCommitError(summary % "; every other shard was written", failed) from buffer.failures[
-                0
-            ][1]
+            first = buffer.failures[0][1]
+            raise BatchCommitError(summary("; every other shard was written"), failed) from first
 
     async def drain(self) -> None:
         """Commit everything a batch holds now (before a listing, say); the batch stays open."""
